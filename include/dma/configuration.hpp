@@ -1,0 +1,58 @@
+// How a service or target opens its endpoint: which providers, which domains, and the limits of
+// the transfer loop. A plain value; copy it freely between threads.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <filesystem>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "dma/result.hpp"
+
+namespace dma {
+
+struct Configuration {
+  // libfabric providers in preference order, each really tried in turn until one opens. Short
+  // names are accepted: "tcp" means "tcp;ofi_rxm", "verbs" means "verbs;ofi_rxm"; "efa-direct"
+  // is the efa provider's efa-direct fabric.
+  std::vector<std::string> providers{"tcp"};
+  // Domain (interface) names to open, e.g. "lo", "eth0", "rdmap0s6-rdm". Empty: any domain.
+  std::vector<std::string> interfaces;
+  // The local address to bind to (a node name for fi_getinfo with FI_SOURCE), e.g. "127.0.0.1".
+  // Ignored by providers without IP addresses (shm).
+  std::optional<std::string> bind;
+  // Most RMA operations posted at once on one endpoint. 0 means "the provider's tx queue size";
+  // a non-zero value is clamped to it.
+  std::size_t max_in_flight = 64;
+  // How long an operation may keep answering -FI_EAGAIN before it fails as unreachable.
+  std::chrono::milliseconds progress_deadline{1000};
+  // How long a posted operation may wait for its completion before it fails as timed out.
+  // 0 disables the check.
+  std::chrono::milliseconds completion_deadline{30000};
+  // Threads computing CRC32C of completed transfers off the fabric worker.
+  std::size_t crc_threads = 1;
+  // Register local operands even where the provider does not require it (no FI_MR_LOCAL, as on
+  // tcp, net and shm). Off by default, since skipping registration is faster there; on, it
+  // exercises the registration cache exactly as FI_MR_LOCAL providers (efa, verbs) do.
+  bool always_register_operands = false;
+  // Largest single RMA the service posts; larger pieces are split. 0 means the provider's
+  // max_msg_size.
+  std::size_t max_piece_bytes = 0;
+
+  // Reads a TOML file whose keys are the fields above (durations in milliseconds, named
+  // progress_deadline_ms and completion_deadline_ms; also always_register_operands and
+  // max_piece_bytes). Unknown keys and wrong types are errors
+  // that name the key.
+  static Result<Configuration> load(const std::filesystem::path& path);
+  static Result<Configuration> parse_toml(std::string_view text);
+  // Checks the ranges (non-empty providers, crc_threads >= 1, positive progress deadline).
+  Status validate() const;
+};
+
+// The libfabric provider name a configuration name stands for ("tcp" -> "tcp;ofi_rxm").
+std::string canonical_provider(std::string_view name);
+
+}  // namespace dma

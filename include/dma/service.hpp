@@ -1,0 +1,321 @@
+// FabricService: the server side. One worker thread per endpoint keeps many one-sided RMAs in
+// flight against clients' exposed buffers: fi_writemsg with FI_DELIVERY_COMPLETE for a GET
+// (Direction::kToPeer), fi_read for a SET (Direction::kFromPeer).
+//
+// Ownership: the service owns its worker thread and, through it, every libfabric object of its
+// endpoint. Thread-safety: every public member may be called from any thread, except that the
+// blocking calls (add_peer, register_memory, start) must not be made from inside a completion
+// callback of the same service (they would wait on the thread that is running the callback; they
+// fail with kInvalidArgument instead of deadlocking).
+#pragma once
+
+#include <array>
+#include <atomic>
+#include <chrono>
+#include <coroutine>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "dma/configuration.hpp"
+#include "dma/memory.hpp"
+#include "dma/pool.hpp"
+#include "dma/result.hpp"
+
+namespace dma {
+
+// Which way the bytes go in a server-initiated RMA.
+enum class Direction : std::uint8_t {
+  kToPeer,    // fi_writemsg local -> peer (a GET): sends Operands::source()
+  kFromPeer,  // fi_read peer -> local (a SET): fills Operands::allocate(length)
+};
+
+// One piece of the peer's exposed memory: its key, its address as the provider addresses it
+// (virtual address or offset, as advertised), and how many bytes of it this transfer may use.
+struct RemoteRegion {
+  std::uint64_t key = 0;
+  std::uint64_t address = 0;
+  std::uint64_t length = 0;
+};
+
+// Up to kMaxRemoteRegions regions forming one destination (GET) or source (SET), in order.
+// The first few live inline so a single-region transfer allocates nothing.
+class RemoteRegions {
+ public:
+  static constexpr std::size_t kInline = 2;
+  RemoteRegions() = default;
+  RemoteRegions(std::initializer_list<RemoteRegion> regions) {
+    for (const auto& region : regions) push_back(region);
+  }
+  void push_back(const RemoteRegion& region) {
+    if (size_ < kInline) {
+      inline_[size_] = region;
+    } else {
+      if (size_ == kInline) spill_.assign(inline_.begin(), inline_.end());
+      spill_.push_back(region);
+    }
+    ++size_;
+  }
+  std::size_t size() const noexcept { return size_; }
+  bool empty() const noexcept { return size_ == 0; }
+  const RemoteRegion& operator[](std::size_t index) const noexcept {
+    return size_ <= kInline ? inline_[index] : spill_[index];
+  }
+  void clear() noexcept {
+    size_ = 0;
+    spill_.clear();
+  }
+
+ private:
+  std::array<RemoteRegion, kInline> inline_{};
+  std::vector<RemoteRegion> spill_;
+  std::size_t size_ = 0;
+};
+
+inline constexpr std::size_t kMaxRemoteRegions = 256;
+
+// A fabric address held inline (no allocation per transfer).
+class FabricAddress {
+ public:
+  static constexpr std::size_t kCapacity = 64;
+  FabricAddress() = default;
+  // Fails if `bytes` is longer than kCapacity.
+  static Result<FabricAddress> from(std::span<const std::uint8_t> bytes);
+  std::span<const std::uint8_t> bytes() const noexcept { return {bytes_.data(), size_}; }
+  bool empty() const noexcept { return size_ == 0; }
+
+ private:
+  std::array<std::uint8_t, kCapacity> bytes_{};
+  std::size_t size_ = 0;
+};
+
+// The result of a finished transfer.
+struct TransferDone {
+  std::size_t bytes = 0;                // how many bytes moved
+  std::optional<std::uint32_t> checksum;  // CRC32C of the local operand, if asked for
+};
+using Outcome = Result<TransferDone>;
+
+// The caller's per-transfer context: it supplies the local operand and comes back in the
+// Completion. Its methods run on the service's worker thread, once each, and must not block.
+class Operands {
+ public:
+  virtual ~Operands() = default;
+  // kToPeer: the bytes to write. Must stay valid and unchanged until the completion. An empty
+  // span fails the transfer ("no source").
+  virtual std::span<const std::byte> source() { return {}; }
+  // kFromPeer: at least `length` writable bytes to read into, valid until the completion. A
+  // shorter span fails the transfer.
+  virtual std::span<std::byte> allocate(std::size_t /*length*/) { return {}; }
+  // The stable extent containing the operand, if the caller knows one; the service then
+  // registers the whole extent once and reuses it (see CacheableSpan).
+  virtual std::optional<CacheableSpan> cacheable_span() { return std::nullopt; }
+  // Called with the outcome just before the completion would go to the batch completer, on the
+  // thread completing it. Return true to consume it here (it then skips the batch completer and
+  // this object is destroyed). The Transfer handle is built on this.
+  virtual bool on_complete(Outcome& /*outcome*/) { return false; }
+};
+
+// A submitted transfer.
+struct TransferRequest {
+  // The caller's id for the peer (one per connected client). The worker holds its address-vector
+  // entry under this id until remove_peer().
+  std::uint64_t client_id = 0;
+  // The peer's fabric address. Empty: use the entry add_peer() made for client_id. Otherwise it
+  // is inserted (or shared) on first use, and a new address replaces the client's old one.
+  FabricAddress peer_address;
+  // The peer's exposed memory, in order.
+  RemoteRegions regions;
+  Direction direction = Direction::kToPeer;
+  // kFromPeer: how many bytes to read. kToPeer: ignored (the source's size is used).
+  std::size_t length = 0;
+  // Compute CRC32C of the local operand, off the worker, into TransferDone::checksum.
+  bool want_checksum = false;
+  // Supplies the operand; handed back in the Completion. Required.
+  std::unique_ptr<Operands> context;
+
+  // Convenience for the common single-region case.
+  static TransferRequest single(std::uint64_t client_id, FabricAddress peer, std::uint64_t key,
+                                std::uint64_t remote_address, Direction direction,
+                                std::size_t length, std::unique_ptr<Operands> context);
+};
+
+// A finished transfer: the caller's context and its outcome.
+struct Completion {
+  std::unique_ptr<Operands> context;
+  Outcome outcome;
+};
+
+// Receives finished transfers in batches (one call per batch), on the worker thread or a pool
+// thread. It must not block for long and must not call the service's blocking methods.
+using BatchCompleter = std::function<void(std::span<Completion>)>;
+
+// What libfabric gave us, decoded for humans (dma-info, DMA.INFO).
+struct EndpointDescription {
+  std::string provider;      // e.g. "tcp;ofi_rxm"
+  std::string fabric;        // e.g. "127.0.0.1/32"
+  std::string domain;        // e.g. "lo"
+  std::string address_format;  // e.g. "FI_SOCKADDR_IN"
+  std::uint32_t address_format_value = 0;
+  std::uint64_t mr_mode = 0;
+  std::string mr_mode_flags;  // e.g. "FI_MR_VIRT_ADDR|FI_MR_PROV_KEY"
+  std::uint64_t caps = 0;
+  std::string caps_flags;     // e.g. "FI_RMA|FI_READ|FI_WRITE"
+  std::size_t tx_size = 0;
+  std::size_t max_msg_size = 0;
+  std::size_t max_in_flight = 0;  // the cap actually used, after clamping
+  bool virtual_addresses = false;  // FI_MR_VIRT_ADDR: remote addresses are virtual addresses
+  bool provider_keys = false;      // FI_MR_PROV_KEY: the provider picks keys
+  std::string to_string() const;
+};
+
+// The distinct domain names `configuration` can open, in libfabric's order, for each provider
+// in preference order (provider name, domain name).
+struct DomainChoice {
+  std::string provider;
+  std::string domain;
+};
+Result<std::vector<DomainChoice>> discover_domains(const Configuration& configuration);
+
+// Counters a service keeps (read with relaxed atomics; approximate while running).
+struct ServiceCounters {
+  std::uint64_t submitted = 0;
+  std::uint64_t completed = 0;
+  std::uint64_t failed = 0;
+  std::uint64_t bytes_to_peer = 0;
+  std::uint64_t bytes_from_peer = 0;
+  std::uint64_t eagain = 0;
+};
+
+class Transfer;
+
+class FabricService {
+ public:
+  // Opens the endpoint on a new worker thread and starts serving, blocking until the endpoint
+  // is open or has failed to open. `domain` restricts the endpoint to one domain (see
+  // discover_domains); empty means the configuration's first match. Checksummed completions run
+  // on `pool`; the rest on the worker.
+  static Result<std::unique_ptr<FabricService>> start(const Configuration& configuration,
+                                                      BatchCompleter complete_batch,
+                                                      std::shared_ptr<Pool> pool,
+                                                      const std::string& domain = {});
+  // Stops intake, finishes what is in flight, fails what was never posted with kWorkerGone,
+  // delivers every completion, then closes the endpoint. Blocks until done.
+  ~FabricService();
+  FabricService(const FabricService&) = delete;
+  FabricService& operator=(const FabricService&) = delete;
+
+  // The endpoint's fabric address (fi_getname). Clients insert it into their own address vector
+  // (efa-direct requires the target to know its initiator).
+  std::span<const std::uint8_t> local_address() const noexcept;
+  const EndpointDescription& describe() const noexcept;
+  // Transfers submitted and not yet completed, queued and posted alike: the load signal.
+  std::size_t outstanding() const noexcept;
+  ServiceCounters counters() const noexcept;
+
+  // Queues a transfer. On success the request has been moved from; on failure (the worker is
+  // gone, or the request has no context) it is left untouched so the caller keeps its context.
+  Status submit(TransferRequest&& request);
+  // Queues a transfer whose outcome is waited on through the returned handle instead of the
+  // batch completer.
+  Result<Transfer> transfer(TransferRequest&& request);
+
+  // Inserts `address` into the address vector for `client_id`, answered by the worker, so a
+  // hello fails on an unusable address rather than its first transfer.
+  Status add_peer(std::uint64_t client_id, std::span<const std::uint8_t> address);
+  // Releases `client_id`'s entry once every transfer it submitted before this call has
+  // finished. Best effort: with the worker gone the entry dies with the endpoint.
+  void remove_peer(std::uint64_t client_id);
+
+  // Registers caller storage on this service's domain, blocking until it is registered.
+  // Transfers whose operands lie inside it then skip fi_mr_reg.
+  template <typename S>
+  Result<MemoryRegion<S>> register_memory(S storage) {
+    auto owned = std::make_unique<S>(std::move(storage));
+    const auto base = reinterpret_cast<std::uintptr_t>(owned->data());
+    const std::size_t length = owned->size() * sizeof(*owned->data());
+    Status pinned = pin(base, length);
+    if (!pinned) return fail(std::move(pinned).error());
+    return MemoryRegion<S>(std::move(owned), base, base + length);
+  }
+
+  // Registers [base, base + length) on this service's domain (what register_memory uses).
+  // The caller must invalidate() it before the memory goes away.
+  Status pin(std::uintptr_t base, std::size_t length);
+
+  struct Impl;
+
+ private:
+  explicit FabricService(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+// A handle on one transfer's outcome: wait on it (with a timeout) or co_await it. The coroutine
+// resumes on the thread that completes the transfer (the worker or a pool thread): hop to your
+// own executor before doing anything long. Movable; thread-safe.
+class Transfer {
+ public:
+  struct State;
+  explicit Transfer(std::shared_ptr<State> state) : state_(std::move(state)) {}
+
+  bool ready() const;
+  // Blocks until the transfer completes.
+  Outcome wait();
+  // Blocks up to `timeout`; kTimedOut if the transfer has not completed by then (it carries on).
+  Outcome wait_for(std::chrono::milliseconds timeout);
+  // The context given to the request, once the transfer has completed (else nullptr).
+  std::unique_ptr<Operands> take_context();
+
+  bool await_ready() const { return ready(); }
+  bool await_suspend(std::coroutine_handle<> waiter);
+  Outcome await_resume() { return wait(); }
+
+ private:
+  std::shared_ptr<State> state_;
+};
+
+// Several services, one per domain (or `per_domain` per domain), sharing one CRC pool. Routes
+// each transfer to the least-loaded service by outstanding(); adds and removes peers and
+// registers memory on all of them. Thread-safe like FabricService.
+class ServiceSet {
+ public:
+  // Opens every domain discover_domains() finds for the configuration's first provider that
+  // opens (or only `configuration.interfaces`), `per_domain` services each.
+  static Result<std::unique_ptr<ServiceSet>> start(const Configuration& configuration,
+                                                   BatchCompleter complete_batch,
+                                                   std::size_t per_domain = 1);
+  // Builds a set from services already started (they should share `pool`).
+  static std::unique_ptr<ServiceSet> from(std::vector<std::unique_ptr<FabricService>> services,
+                                          std::shared_ptr<Pool> pool);
+
+  std::size_t size() const noexcept { return services_.size(); }
+  FabricService& at(std::size_t index) { return *services_.at(index); }
+  // The service with the fewest outstanding transfers (ties: the lowest index after the last
+  // pick, so equal loads rotate).
+  FabricService& least_loaded();
+  // The index least_loaded() would return.
+  std::size_t least_loaded_index();
+  // Every service's address, in order.
+  std::vector<std::vector<std::uint8_t>> local_addresses() const;
+
+  Status submit(TransferRequest&& request) { return least_loaded().submit(std::move(request)); }
+  // Adds on every service; if any fails, the peer is removed from those that succeeded.
+  Status add_peer(std::uint64_t client_id, std::span<const std::uint8_t> address);
+  void remove_peer(std::uint64_t client_id);
+  // Registers on every service; the region retires all of them when it goes.
+  Status pin(std::uintptr_t base, std::size_t length);
+
+ private:
+  ServiceSet(std::vector<std::unique_ptr<FabricService>> services, std::shared_ptr<Pool> pool)
+      : pool_(std::move(pool)), services_(std::move(services)) {}
+  std::shared_ptr<Pool> pool_;
+  std::vector<std::unique_ptr<FabricService>> services_;
+  std::atomic<std::size_t> next_{0};
+};
+
+}  // namespace dma

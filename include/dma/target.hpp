@@ -1,0 +1,97 @@
+// Target: the client side. Opens an endpoint that the server RMAs *into*, exposes caller memory
+// for remote read and write, and makes progress on its own so a caller that only waits for an
+// RPC reply still sees its transfers complete.
+//
+// Most providers need the target to drive progress (PROVIDERS.md): tcp and net block the first
+// operation (connection setup) and hang reads and delivery-complete writes until the target calls
+// into libfabric; shm stalls the initiator with -FI_EAGAIN after ~1020 operations. A Target runs
+// one progress thread that polls its completion queue every `poll_interval` (it sleeps between
+// polls, so an idle target costs little CPU).
+//
+// Ownership: the Target owns its endpoint and progress thread; Exposed regions must be destroyed
+// before the Target. Thread-safety: every method may be called from any thread (calls into the
+// endpoint are serialised with the progress thread, as FI_THREAD_DOMAIN requires).
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "dma/configuration.hpp"
+#include "dma/protocol.hpp"
+#include "dma/result.hpp"
+#include "dma/service.hpp"
+
+namespace dma {
+
+class Target;
+
+// Caller memory exposed for one-sided access. Destroying it closes the registration, after which
+// the server's RMAs against its key fail. Move-only.
+class Exposed {
+ public:
+  Exposed() = default;
+  Exposed(Exposed&&) noexcept;
+  Exposed& operator=(Exposed&&) noexcept;
+  ~Exposed();
+
+  // The advertisement a client sends: this target's address, the region's key, and its remote
+  // address (a virtual address under FI_MR_VIRT_ADDR, else 0, the offset of its first byte).
+  const Advertisement& advertisement() const noexcept { return advertisement_; }
+  std::byte* data() const noexcept { return data_; }
+  std::size_t length() const noexcept { return length_; }
+  // The remote region for bytes [offset, offset + length) of this exposed buffer.
+  RemoteRegion region(std::size_t offset, std::size_t length) const noexcept {
+    return RemoteRegion{advertisement_.key, advertisement_.remote_address + offset, length};
+  }
+  RemoteRegion whole() const noexcept { return region(0, length_); }
+
+  struct Handle;
+
+ private:
+  friend class Target;
+  Exposed(std::unique_ptr<Handle> handle, Advertisement advertisement, std::byte* data,
+          std::size_t length);
+  std::unique_ptr<Handle> handle_;
+  Advertisement advertisement_;
+  std::byte* data_ = nullptr;
+  std::size_t length_ = 0;
+};
+
+class Target {
+ public:
+  struct Options {
+    // How long the progress thread sleeps between polls of an idle completion queue.
+    std::chrono::microseconds poll_interval{50};
+  };
+  static Result<std::unique_ptr<Target>> open(const Configuration& configuration,
+                                              const std::string& domain = {});
+  static Result<std::unique_ptr<Target>> open(const Configuration& configuration,
+                                              const std::string& domain, Options options);
+  ~Target();
+  Target(const Target&) = delete;
+  Target& operator=(const Target&) = delete;
+
+  std::span<const std::uint8_t> local_address() const noexcept;
+  const EndpointDescription& describe() const noexcept;
+
+  // Registers [data, data + length) for remote read and write and returns its advertisement.
+  // Keys are chosen by the provider or by us, as the provider requires; two exposed buffers
+  // never share a key. Zero length is an error.
+  Result<Exposed> expose(void* data, std::size_t length);
+  // Inserts an initiator's (server's) address into this target's address vector. efa-direct
+  // requires the target to know its initiator; elsewhere it is harmless.
+  Status add_initiator(std::span<const std::uint8_t> address);
+
+  struct Impl;
+
+ private:
+  explicit Target(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace dma

@@ -1,0 +1,229 @@
+#include "endpoint.hpp"
+
+#include <cstring>
+#include <set>
+#include <sstream>
+
+namespace dma::internal {
+namespace {
+
+char* duplicate(const std::string& text) { return ::strdup(text.c_str()); }
+
+bool is_ip_provider(const std::string& provider) {
+  return provider != "shm" && provider.rfind("efa", 0) != 0;
+}
+
+// The provider name fi_getinfo reports and the fabric name to match for a configured name.
+struct ProviderName {
+  std::string provider;  // exact fi_info prov_name to accept
+  std::string fabric;    // required fabric name, or empty
+};
+
+ProviderName resolve(const std::string& configured) {
+  if (configured == "efa-direct") return {"efa", "efa-direct"};
+  return {canonical_provider(configured), {}};
+}
+
+}  // namespace
+
+Result<InfoPtr> query_provider(const Configuration& configuration, const std::string& provider,
+                               Role role, std::string* rejection) {
+  const ProviderName name = resolve(provider);
+  InfoPtr hints(fi_allocinfo());
+  if (!hints) return fail(ErrorCode::kResourceExhausted, "fi_allocinfo failed");
+  hints->ep_attr->type = FI_EP_RDM;
+  hints->caps = role == Role::kInitiator ? (FI_RMA | FI_READ | FI_WRITE)
+                                         : (FI_RMA | FI_REMOTE_READ | FI_REMOTE_WRITE);
+  // Every op context is a fi_context2 at the start of our per-op object (efa-direct needs it).
+  hints->mode = FI_CONTEXT | FI_CONTEXT2;
+  // Ask for every mode we can honour, then honour what comes back (PROVIDERS.md: leaving it 0
+  // makes efa hand back a variant that fails at run time).
+  hints->domain_attr->mr_mode = FI_MR_LOCAL | FI_MR_ALLOCATED | FI_MR_PROV_KEY | FI_MR_VIRT_ADDR;
+  hints->domain_attr->threading = FI_THREAD_DOMAIN;
+  hints->domain_attr->av_type = FI_AV_TABLE;
+  if (provider == "sockets") {
+    // sockets' default auto progress costs ~6 ms per op; manual is ~7.6 us (PROVIDERS.md).
+    hints->domain_attr->data_progress = FI_PROGRESS_MANUAL;
+  }
+  hints->fabric_attr->prov_name = duplicate(name.provider);
+  if (!name.fabric.empty()) hints->fabric_attr->name = duplicate(name.fabric);
+
+  const char* node = nullptr;
+  std::uint64_t flags = 0;
+  if (configuration.bind && is_ip_provider(name.provider)) {
+    node = configuration.bind->c_str();
+    flags = FI_SOURCE;
+  }
+  fi_info* list = nullptr;
+  const int code = fi_getinfo(kFabricVersion, node, nullptr, flags, hints.get(), &list);
+  InfoPtr all(list);
+  if (code != 0) {
+    if (rejection) *rejection = fabric_error("fi_getinfo", code).message();
+    return fail(fabric_error("fi_getinfo(" + provider + ")", code, ErrorCode::kNotFound));
+  }
+  return all;
+}
+
+Result<std::unique_ptr<Endpoint>> Endpoint::open(const Configuration& configuration, Role role,
+                                                 const std::string& domain) {
+  if (Status valid = configuration.validate(); !valid) return fail(std::move(valid).error());
+  std::ostringstream reasons;
+  for (const std::string& provider : configuration.providers) {
+    std::string rejection;
+    Result<InfoPtr> all = query_provider(configuration, provider, role, &rejection);
+    if (!all) {
+      reasons << "; " << provider << ": " << all.error().message();
+      continue;
+    }
+    const ProviderName name = resolve(provider);
+    // The first entry for exactly this provider (fi_getinfo also offers layered variants such
+    // as "net;ofi_rxm" for "net") on an allowed domain.
+    fi_info* chosen = nullptr;
+    std::set<std::string> seen_domains;
+    for (fi_info* info = all->get(); info != nullptr; info = info->next) {
+      if (name.provider != info->fabric_attr->prov_name) continue;
+      if (!name.fabric.empty() && name.fabric != info->fabric_attr->name) continue;
+      const std::string domain_name = info->domain_attr->name ? info->domain_attr->name : "";
+      seen_domains.insert(domain_name);
+      if (!domain.empty() && domain != domain_name) continue;
+      if (domain.empty() && !configuration.interfaces.empty()) {
+        bool allowed = false;
+        for (const auto& interface : configuration.interfaces) allowed |= interface == domain_name;
+        if (!allowed) continue;
+      }
+      chosen = info;
+      break;
+    }
+    if (chosen == nullptr) {
+      reasons << "; " << provider << ": ";
+      if (seen_domains.empty()) {
+        reasons << "no " << name.provider << " endpoint with RMA offered";
+      } else {
+        reasons << "no domain named "
+                << (domain.empty() ? "in interfaces" : "\"" + domain + "\"") << " (has:";
+        for (const auto& seen : seen_domains) reasons << " " << seen;
+        reasons << ")";
+      }
+      continue;
+    }
+
+    std::unique_ptr<Endpoint> endpoint(new Endpoint());
+    endpoint->info_.reset(fi_dupinfo(chosen));
+    if (!endpoint->info_) return fail(ErrorCode::kResourceExhausted, "fi_dupinfo failed");
+    fi_info* info = endpoint->info_.get();
+
+    fid_fabric* fabric = nullptr;
+    if (int code = fi_fabric(info->fabric_attr, &fabric, nullptr); code != 0) {
+      reasons << "; " << provider << ": " << fabric_error("fi_fabric", code).message();
+      continue;
+    }
+    endpoint->fabric_.reset(fabric);
+    if (name.provider == "net") {
+      fi_eq_attr eq_attr{};
+      eq_attr.wait_obj = FI_WAIT_POLLFD;
+      fid_eq* event_queue = nullptr;
+      if (int code = fi_eq_open(fabric, &eq_attr, &event_queue, nullptr); code != 0) {
+        reasons << "; " << provider << ": " << fabric_error("fi_eq_open", code).message();
+        continue;
+      }
+      endpoint->event_queue_.reset(event_queue);
+    }
+
+    fid_domain* opened_domain = nullptr;
+    if (int code = fi_domain(fabric, info, &opened_domain, nullptr); code != 0) {
+      reasons << "; " << provider << ": " << fabric_error("fi_domain", code).message();
+      continue;
+    }
+    endpoint->domain_.reset(opened_domain);
+    endpoint->closes_ = std::make_shared<DeferredCloses>();
+
+    fi_av_attr av_attr{};
+    av_attr.type = FI_AV_TABLE;
+    fid_av* av = nullptr;
+    if (int code = fi_av_open(opened_domain, &av_attr, &av, nullptr); code != 0) {
+      return fail(fabric_error("fi_av_open", code));
+    }
+    endpoint->address_vector_.reset(av);
+
+    fi_cq_attr cq_attr{};
+    cq_attr.format = FI_CQ_FORMAT_CONTEXT;
+    cq_attr.wait_obj = FI_WAIT_NONE;
+    cq_attr.size = std::max<std::size_t>(info->tx_attr->size, 64) + info->rx_attr->size;
+    fid_cq* cq = nullptr;
+    if (int code = fi_cq_open(opened_domain, &cq_attr, &cq, nullptr); code != 0) {
+      return fail(fabric_error("fi_cq_open", code));
+    }
+    endpoint->completion_queue_.reset(cq);
+
+    fid_ep* ep = nullptr;
+    if (int code = fi_endpoint(opened_domain, info, &ep, nullptr); code != 0) {
+      return fail(fabric_error("fi_endpoint", code));
+    }
+    endpoint->endpoint_.reset(ep);
+    if (int code = fi_ep_bind(ep, &av->fid, 0); code != 0) {
+      return fail(fabric_error("fi_ep_bind(av)", code));
+    }
+    if (int code = fi_ep_bind(ep, &cq->fid, FI_TRANSMIT | FI_RECV); code != 0) {
+      return fail(fabric_error("fi_ep_bind(cq)", code));
+    }
+    if (int code = fi_enable(ep); code != 0) return fail(fabric_error("fi_enable", code));
+
+    std::size_t length = 0;
+    fi_getname(&ep->fid, nullptr, &length);
+    endpoint->address_.resize(length);
+    if (int code = fi_getname(&ep->fid, endpoint->address_.data(), &length); code != 0) {
+      return fail(fabric_error("fi_getname", code));
+    }
+    endpoint->address_.resize(length);
+
+    EndpointDescription& description = endpoint->description_;
+    description.provider = info->fabric_attr->prov_name;
+    description.fabric = info->fabric_attr->name ? info->fabric_attr->name : "";
+    description.domain = info->domain_attr->name ? info->domain_attr->name : "";
+    description.address_format_value = info->addr_format;
+    description.address_format = address_format_to_string(info->addr_format);
+    description.mr_mode = static_cast<std::uint64_t>(info->domain_attr->mr_mode);
+    description.mr_mode_flags = mr_mode_to_string(description.mr_mode);
+    description.caps = info->caps;
+    description.caps_flags = caps_to_string(info->caps);
+    description.tx_size = info->tx_attr->size;
+    description.max_msg_size = info->ep_attr->max_msg_size;
+    description.virtual_addresses = (info->domain_attr->mr_mode & FI_MR_VIRT_ADDR) != 0;
+    description.provider_keys = (info->domain_attr->mr_mode & FI_MR_PROV_KEY) != 0;
+    const std::size_t tx = info->tx_attr->size == 0 ? 64 : info->tx_attr->size;
+    description.max_in_flight =
+        configuration.max_in_flight == 0 ? tx : std::min(configuration.max_in_flight, tx);
+    return endpoint;
+  }
+  std::string why = reasons.str();
+  if (why.size() > 2) why.erase(0, 2);
+  return fail(ErrorCode::kNotFound, "no configured provider could open an endpoint: " + why);
+}
+
+Endpoint::~Endpoint() {
+  // Regions are domain objects: retire this domain's cached registrations and close whatever
+  // other threads queued, before the members close the endpoint and then the domain.
+  if (domain_) registry::clear_domain(domain_key());
+  if (closes_) closes_->drain();
+}
+
+Result<Lease> Endpoint::register_memory(std::uintptr_t base, std::size_t length,
+                                        std::uint64_t access) {
+  if (length == 0) return fail(ErrorCode::kInvalidArgument, "cannot register 0 bytes");
+  if (base + length < base) {
+    return fail(ErrorCode::kInvalidArgument, "registered range overflows the address space");
+  }
+  const std::uint64_t requested_key =
+      description_.provider_keys ? 0 : next_key_.fetch_add(1, std::memory_order_relaxed);
+  fid_mr* region = nullptr;
+  const int code = fi_mr_reg(domain_.get(), reinterpret_cast<const void*>(base), length, access,
+                             0, requested_key, 0, &region, nullptr);
+  if (code != 0) {
+    return fail(fabric_error("fi_mr_reg of " + std::to_string(length) + " bytes", code,
+                             code == -FI_ENOMEM ? ErrorCode::kResourceExhausted
+                                                : ErrorCode::kFabric));
+  }
+  return std::make_shared<Registration>(region, closes_);
+}
+
+}  // namespace dma::internal

@@ -1,0 +1,209 @@
+#include "dma/protocol.hpp"
+
+#include <isa-l/crc.h>
+
+#include <climits>
+#include <limits>
+
+namespace dma {
+
+namespace {
+
+// Error texts end up in RESP error replies and log lines, where a CR/LF from a hostile
+// advertisement would split the reply and a megabyte of it would flood the log. So quoted input
+// is clipped and every byte outside printable ASCII is shown as \xNN.
+constexpr std::size_t kMaxQuotedBytes = 40;
+
+void append_escaped(std::string& out, char c) {
+  static constexpr char kDigits[] = "0123456789abcdef";
+  const auto byte = static_cast<unsigned char>(c);
+  if (byte < 0x20 || byte >= 0x7f || c == '"' || c == '\\') {
+    out += "\\x";
+    out += kDigits[byte >> 4];
+    out += kDigits[byte & 0xf];
+  } else {
+    out += c;
+  }
+}
+
+std::string quote(std::string_view text) {
+  std::string out = "\"";
+  for (std::size_t i = 0; i < text.size() && i < kMaxQuotedBytes; ++i) append_escaped(out, text[i]);
+  out += '"';
+  if (text.size() > kMaxQuotedBytes) {
+    out += "... (";
+    out += std::to_string(text.size());
+    out += " bytes)";
+  }
+  return out;
+}
+
+std::string quote_char(char c) {
+  std::string out = "'";
+  append_escaped(out, c);
+  out += '\'';
+  return out;
+}
+
+// The value of one hex digit, or -1.
+int hex_value(char c) {
+  if (c >= '0' && c <= '9') return c - '0';
+  if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+  if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+  return -1;
+}
+
+bool is_whitespace(char c) {
+  return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\v' || c == '\f';
+}
+
+}  // namespace
+
+std::string hex_encode(std::span<const std::uint8_t> bytes) {
+  static constexpr char kDigits[] = "0123456789abcdef";
+  std::string text;
+  text.reserve(bytes.size() * 2);
+  for (std::uint8_t byte : bytes) {
+    text += kDigits[byte >> 4];
+    text += kDigits[byte & 0xf];
+  }
+  return text;
+}
+
+Result<std::vector<std::uint8_t>> hex_decode(std::string_view text) {
+  if (text.empty()) return fail(ErrorCode::kInvalidArgument, "address is empty");
+  if (text.size() % 2 != 0) {
+    return fail(ErrorCode::kInvalidArgument,
+                "address has an odd number of hex digits (" + std::to_string(text.size()) + ")");
+  }
+  std::vector<std::uint8_t> bytes;
+  bytes.reserve(text.size() / 2);
+  for (std::size_t i = 0; i < text.size(); i += 2) {
+    const int high = hex_value(text[i]);
+    const int low = hex_value(text[i + 1]);
+    if (high < 0 || low < 0) {
+      const std::size_t position = high < 0 ? i : i + 1;
+      return fail(ErrorCode::kInvalidArgument, "address has a non-hex character " +
+                                                   quote_char(text[position]) + " at offset " +
+                                                   std::to_string(position));
+    }
+    bytes.push_back(static_cast<std::uint8_t>((high << 4) | low));
+  }
+  return bytes;
+}
+
+Result<std::uint64_t> parse_decimal(std::string_view text, std::string_view what) {
+  if (text.empty()) return fail(ErrorCode::kInvalidArgument, std::string(what) + " is empty");
+  constexpr std::uint64_t kMax = std::numeric_limits<std::uint64_t>::max();
+  std::uint64_t value = 0;
+  for (char c : text) {
+    if (c < '0' || c > '9') {
+      return fail(ErrorCode::kInvalidArgument,
+                  std::string(what) + " " + quote(text) + " is not a decimal number");
+    }
+    const auto digit = static_cast<std::uint64_t>(c - '0');
+    if (value > (kMax - digit) / 10) {
+      return fail(ErrorCode::kInvalidArgument,
+                  std::string(what) + " " + quote(text) + " does not fit in 64 bits");
+    }
+    value = value * 10 + digit;
+  }
+  return value;
+}
+
+std::string to_wire(const Advertisement& advertisement) {
+  std::string wire = hex_encode(advertisement.address);
+  wire += ' ';
+  wire += std::to_string(advertisement.key);
+  wire += ' ';
+  wire += std::to_string(advertisement.remote_address);
+  return wire;
+}
+
+Result<Advertisement> parse_advertisement(std::string_view wire) {
+  // Anything but exactly one space between fields is refused rather than tolerated, so that one
+  // advertisement has exactly one spelling and a truncated or padded one is caught here.
+  if (wire.empty()) return fail(ErrorCode::kInvalidArgument, "advertisement is empty");
+  for (std::size_t i = 0; i < wire.size(); ++i) {
+    const char c = wire[i];
+    if (!is_whitespace(c)) continue;
+    std::string problem;
+    if (c != ' ') {
+      problem = "whitespace " + quote_char(c);
+    } else if (i == 0) {
+      problem = "a leading space";
+    } else if (i + 1 == wire.size()) {
+      problem = "a trailing space";
+    } else if (wire[i + 1] == ' ') {
+      problem = "a double space";
+    } else {
+      continue;
+    }
+    return fail(ErrorCode::kInvalidArgument,
+                "advertisement has " + problem + " at offset " + std::to_string(i) +
+                    "; fields must be separated by single spaces");
+  }
+
+  std::string_view fields[3];
+  std::size_t count = 0;
+  std::size_t start = 0;
+  while (true) {
+    const std::size_t end = wire.find(' ', start);
+    const std::string_view field =
+        wire.substr(start, end == std::string_view::npos ? std::string_view::npos : end - start);
+    if (count < 3) fields[count] = field;
+    ++count;
+    if (end == std::string_view::npos) break;
+    start = end + 1;
+  }
+  if (count != 3) {
+    return fail(ErrorCode::kInvalidArgument,
+                "advertisement must have 3 fields \"<address-hex> <rkey> <remote-address>\", got " +
+                    std::to_string(count));
+  }
+  return parse_advertisement(fields[0], fields[1], fields[2]);
+}
+
+Result<Advertisement> parse_advertisement(std::string_view address_hex, std::string_view key,
+                                          std::string_view remote_address) {
+  // Checked before decoding so that a hostile length costs nothing.
+  if (address_hex.size() > 2 * kMaxAddressBytes) {
+    return fail(ErrorCode::kInvalidArgument,
+                "address has " + std::to_string(address_hex.size()) + " hex digits; at most " +
+                    std::to_string(2 * kMaxAddressBytes) + " (" +
+                    std::to_string(kMaxAddressBytes) + " bytes) are allowed");
+  }
+  auto address = hex_decode(address_hex);
+  if (!address) return fail(std::move(address).error());
+  auto parsed_key = parse_decimal(key, "rkey");
+  if (!parsed_key) return fail(std::move(parsed_key).error());
+  auto parsed_remote = parse_decimal(remote_address, "remote address");
+  if (!parsed_remote) return fail(std::move(parsed_remote).error());
+
+  Advertisement advertisement;
+  advertisement.address = std::move(*address);
+  advertisement.key = *parsed_key;
+  advertisement.remote_address = *parsed_remote;
+  return advertisement;
+}
+
+std::uint32_t crc32c_extend(std::uint32_t crc, std::span<const std::byte> bytes) noexcept {
+  // isa-l's crc32_iscsi neither pre- nor post-inverts, and takes an int length: invert around it
+  // and feed it at most INT_MAX bytes at a time. An empty span may carry a null pointer, which is
+  // never handed over.
+  std::uint32_t state = crc ^ 0xFFFFFFFFu;
+  const auto* data = reinterpret_cast<const unsigned char*>(bytes.data());
+  std::size_t left = bytes.size();
+  while (left > 0) {
+    const std::size_t chunk = left < static_cast<std::size_t>(INT_MAX) ? left : INT_MAX;
+    // crc32_iscsi's buffer parameter is not const-qualified but it only reads.
+    state = crc32_iscsi(const_cast<unsigned char*>(data), static_cast<int>(chunk), state);
+    data += chunk;
+    left -= chunk;
+  }
+  return state ^ 0xFFFFFFFFu;
+}
+
+std::uint32_t crc32c(std::span<const std::byte> bytes) noexcept { return crc32c_extend(0, bytes); }
+
+}  // namespace dma

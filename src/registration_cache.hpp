@@ -1,0 +1,90 @@
+// Private: the process-wide cache of local memory registrations, grouped by domain.
+//
+// A registration pins pages when it is taken; it goes stale when those pages are unmapped,
+// decommitted or madvise()d away, so whoever reclaims them calls dma::invalidate() first.
+// Entries are grouped by domain; invalidate() retires across every domain. The registry is the
+// one piece of process-wide mutable state in the library, because pages are process-wide.
+//
+// Leases: a transfer holds a std::shared_ptr<Registration> (a lease) from post to completion. An
+// invalidate() removes the registry's reference at once (nothing new can bind) but the region
+// is closed only when the last lease drops, so "free one value while its neighbour's write is on
+// the wire" never closes a descriptor that is posted. References are always dropped outside the
+// registry lock: closing a region may re-enter an allocator hook that calls invalidate().
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "fabric.hpp"
+
+namespace dma::internal {
+
+// Closes memory regions on the thread that owns their domain. A registration's last lease may
+// drop on any thread (an allocator hook calling invalidate(), a CRC pool thread), but under
+// FI_THREAD_DOMAIN only the owning thread may touch the domain, so other threads queue the close
+// and wake the owner. Thread-safe.
+class DeferredCloses {
+ public:
+  DeferredCloses() : owner_(std::this_thread::get_id()) {}
+  ~DeferredCloses() { drain(); }
+  DeferredCloses(const DeferredCloses&) = delete;
+  DeferredCloses& operator=(const DeferredCloses&) = delete;
+
+  // The owning thread and how to wake it when a close is queued. Call before sharing.
+  void set_owner(std::thread::id owner, std::function<void()> wake);
+  // Closes now on the owner thread, else queues and wakes the owner.
+  void close(fid_mr* region) noexcept;
+  // Closes everything queued. Owner thread only.
+  void drain() noexcept;
+  bool pending() const noexcept { return pending_.load(std::memory_order_acquire); }
+
+ private:
+  std::thread::id owner_;
+  std::function<void()> wake_;
+  std::mutex mutex_;
+  std::vector<fid_mr*> queued_;
+  std::atomic<bool> pending_{false};
+};
+
+// A live fi_mr_reg. Closed (through DeferredCloses) when the last holder drops it.
+class Registration {
+ public:
+  Registration(fid_mr* region, std::shared_ptr<DeferredCloses> closes)
+      : region_(region), closes_(std::move(closes)) {}
+  ~Registration() { closes_->close(region_); }
+  Registration(const Registration&) = delete;
+  Registration& operator=(const Registration&) = delete;
+
+  fid_mr* memory_region() const noexcept { return region_; }
+  // fi_mr_desc: the local descriptor to pass with an operand (needed under FI_MR_LOCAL).
+  void* descriptor() const noexcept { return fi_mr_desc(region_); }
+  // fi_mr_key: the key a peer uses to reach this region (remote registrations only).
+  std::uint64_t key() const noexcept { return fi_mr_key(region_); }
+
+ private:
+  fid_mr* region_;
+  std::shared_ptr<DeferredCloses> closes_;
+};
+
+using Lease = std::shared_ptr<Registration>;
+
+// The registry. `domain` is the fid_domain's address, used only as a key.
+namespace registry {
+// Records [base, end) on `domain` so covering() finds it and invalidate() retires it. The
+// registry keeps its own lease; a registration previously tracked at the same base is released.
+void track(std::uintptr_t base, std::uintptr_t end, std::uintptr_t domain, const Lease& lease);
+// A lease on the tracked registration covering [start, end) on `domain`, if any.
+Lease covering(std::uintptr_t start, std::uintptr_t end, std::uintptr_t domain);
+// Retires every entry on `domain`; an endpoint calls it before closing the domain.
+void clear_domain(std::uintptr_t domain);
+// How many entries `domain` has (tests, DMA.INFO).
+std::size_t size(std::uintptr_t domain);
+}  // namespace registry
+
+}  // namespace dma::internal

@@ -1,0 +1,113 @@
+// Shared test fixtures: byte buffers as transfer contexts, a completion collector, patterns.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "dma/configuration.hpp"
+#include "dma/protocol.hpp"
+#include "dma/service.hpp"
+
+namespace dma::testing {
+
+inline constexpr auto kDeadline = std::chrono::seconds(60);
+
+inline Configuration loopback(const std::string& provider) {
+  Configuration configuration;
+  configuration.providers = {provider};
+  configuration.bind = "127.0.0.1";
+  return configuration;
+}
+
+// Deterministic bytes: a different pattern per seed, so misplaced bytes are caught.
+inline std::vector<std::byte> pattern(std::size_t length, std::uint32_t seed) {
+  std::vector<std::byte> bytes(length);
+  std::uint32_t state = seed * 2654435761u + 1;
+  for (std::size_t index = 0; index < length; ++index) {
+    state ^= state << 13;
+    state ^= state >> 17;
+    state ^= state << 5;
+    bytes[index] = static_cast<std::byte>(state);
+  }
+  return bytes;
+}
+
+// A transfer context owning its bytes: the source for a write, the landing buffer for a read.
+class Buffer : public Operands {
+ public:
+  explicit Buffer(std::vector<std::byte> initial = {}, std::uint64_t label = 0)
+      : bytes(std::move(initial)), tag(label) {}
+  std::span<const std::byte> source() override {
+    static const std::byte empty{};
+    return bytes.empty() ? std::span<const std::byte>(&empty, 0) : std::span<const std::byte>(bytes);
+  }
+  std::span<std::byte> allocate(std::size_t length) override {
+    bytes.resize(length);
+    return bytes;
+  }
+  std::vector<std::byte> bytes;
+  std::uint64_t tag;
+};
+
+// Collects completions from the batch completer; thread-safe.
+class Collector {
+ public:
+  struct Finished {
+    std::unique_ptr<Operands> context;
+    Outcome outcome;
+  };
+  BatchCompleter completer() {
+    return [this](std::span<Completion> batch) {
+      {
+        std::lock_guard lock(mutex_);
+        ++batches_;
+        for (Completion& completion : batch) {
+          finished_.push_back(Finished{std::move(completion.context), std::move(completion.outcome)});
+        }
+      }
+      changed_.notify_all();
+    };
+  }
+  // Waits (with the test deadline) until `count` completions have arrived; returns them all.
+  std::vector<Finished> wait_for(std::size_t count,
+                                 std::chrono::milliseconds deadline = kDeadline) {
+    std::unique_lock lock(mutex_);
+    const bool arrived =
+        changed_.wait_for(lock, deadline, [&] { return finished_.size() >= count; });
+    EXPECT_TRUE(arrived) << "only " << finished_.size() << " of " << count
+                         << " completions arrived before the deadline";
+    return std::move(finished_);
+  }
+  std::size_t count() {
+    std::lock_guard lock(mutex_);
+    return finished_.size();
+  }
+  std::size_t batches() {
+    std::lock_guard lock(mutex_);
+    return batches_;
+  }
+
+ private:
+  std::mutex mutex_;
+  std::condition_variable changed_;
+  std::vector<Finished> finished_;
+  std::size_t batches_ = 0;
+};
+
+inline FabricAddress address_of(std::span<const std::uint8_t> bytes) {
+  return FabricAddress::from(bytes).value();
+}
+
+inline Buffer* buffer_of(const std::unique_ptr<Operands>& context) {
+  return static_cast<Buffer*>(context.get());
+}
+
+}  // namespace dma::testing
