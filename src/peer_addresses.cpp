@@ -1,6 +1,10 @@
 #include "peer_addresses.hpp"
 
+#include <netinet/in.h>
+#include <sys/socket.h>
+
 #include <cstdio>
+#include <cstring>
 
 namespace dma::internal {
 namespace {
@@ -26,6 +30,45 @@ Result<std::size_t> identity_length(AddressFormat format, std::span<const std::u
   return address.size();
 }
 
+Status check_address(std::uint32_t fi_addr_format, std::span<const std::uint8_t> address) {
+  if (address.empty()) return fail(ErrorCode::kInvalidArgument, "peer address is empty");
+  auto family = [&]() -> int {
+    sa_family_t value = 0;
+    if (address.size() < sizeof(value)) return -1;
+    std::memcpy(&value, address.data(), sizeof(value));
+    return value;
+  };
+  auto refuse = [&](const std::string& expected) -> Status {
+    return fail(ErrorCode::kInvalidArgument,
+                "peer address is " + std::to_string(address.size()) +
+                    " bytes of address family " + std::to_string(family()) +
+                    "; this provider takes " + expected);
+  };
+  switch (fi_addr_format) {
+    case FI_SOCKADDR_IN:
+      if (address.size() != sizeof(sockaddr_in) || family() != AF_INET) {
+        return refuse("a 16-byte AF_INET sockaddr");
+      }
+      return {};
+    case FI_SOCKADDR_IN6:
+      if (address.size() != sizeof(sockaddr_in6) || family() != AF_INET6) {
+        return refuse("a 28-byte AF_INET6 sockaddr");
+      }
+      return {};
+    case FI_SOCKADDR:
+      if ((address.size() == sizeof(sockaddr_in) && family() == AF_INET) ||
+          (address.size() == sizeof(sockaddr_in6) && family() == AF_INET6)) {
+        return {};
+      }
+      return refuse("an AF_INET or AF_INET6 sockaddr");
+    case FI_ADDR_EFA:
+      if (address.size() != kEfaAddressBytes) return refuse("a 32-byte efa address");
+      return {};
+    default:
+      return {};
+  }
+}
+
 RegisteredAddress::~RegisteredAddress() {
   fi_addr_t handle = handle_;
   if (int code = fi_av_remove(address_vector_, &handle, 1, 0); code != 0) {
@@ -38,6 +81,9 @@ Result<std::shared_ptr<RegisteredAddress>> PeerAddresses::handle(
     std::uint64_t client_id, std::span<const std::uint8_t> address) {
   Result<std::size_t> length = identity_length(format_, address);
   if (!length) return fail(std::move(length).error());
+  if (Status valid = check_address(fi_addr_format_, address); !valid) {
+    return fail(std::move(valid).error());
+  }
   const std::string_view identity = as_view(address.first(*length));
   const std::string_view whole = as_view(address);
 

@@ -132,6 +132,10 @@ Status Target::add_initiator(std::span<const std::uint8_t> address) {
   const auto format = internal::address_format_from(impl_->endpoint->info()->addr_format);
   Result<std::size_t> checked = internal::identity_length(format, address);
   if (!checked) return fail(std::move(checked).error());
+  if (Status valid = internal::check_address(impl_->endpoint->info()->addr_format, address);
+      !valid) {
+    return valid;
+  }
   fi_addr_t handle = FI_ADDR_NOTAVAIL;
   const int inserted =
       fi_av_insert(impl_->endpoint->address_vector(), address.data(), 1, &handle, 0, nullptr);

@@ -80,7 +80,8 @@ Worker::Worker(std::unique_ptr<Endpoint> endpoint, const Configuration& configur
       endpoint_->local_registration_required() || configuration.always_register_operands;
   regions_ = std::make_unique<LocalRegions>(*endpoint_, register_operands);
   peers_ = std::make_unique<PeerAddresses>(
-      endpoint_->address_vector(), address_format_from(endpoint_->info()->addr_format));
+      endpoint_->address_vector(), address_format_from(endpoint_->info()->addr_format),
+      endpoint_->info()->addr_format);
   cap_ = std::max<std::size_t>(1, endpoint_->describe().max_in_flight);
   max_piece_ = endpoint_->describe().max_msg_size == 0 ? (std::size_t{1} << 30)
                                                        : endpoint_->describe().max_msg_size;
@@ -440,9 +441,11 @@ std::size_t deliver(std::vector<Completion>& batch, const BatchCompleter& comple
 }
 }  // namespace
 
+// outstanding() drops before the completer runs, so a caller woken by its completion never
+// sees its own transfer still counted.
 void Worker::deliver_now() {
-  const std::size_t delivered = deliver(batch_, shared_->complete_batch);
-  shared_->outstanding.fetch_sub(delivered, std::memory_order_acq_rel);
+  shared_->outstanding.fetch_sub(batch_.size(), std::memory_order_acq_rel);
+  deliver(batch_, shared_->complete_batch);
 }
 
 void Worker::dispatch_checksums() {
@@ -461,8 +464,8 @@ void Worker::dispatch_checksums() {
       item.completion.outcome->checksum = crc32c(std::span<const std::byte>(item.data, item.size));
       batch.push_back(std::move(item.completion));
     }
-    const std::size_t delivered = deliver(batch, shared->complete_batch);
-    shared->outstanding.fetch_sub(delivered, std::memory_order_acq_rel);
+    shared->outstanding.fetch_sub(batch.size(), std::memory_order_acq_rel);
+    deliver(batch, shared->complete_batch);
     {
       std::lock_guard lock(shared->jobs_mutex);
       --shared->jobs;

@@ -76,6 +76,22 @@ TEST(FabricService, add_peer_refuses_an_address_longer_than_any_provider_uses) {
   EXPECT_EQ(ErrorCode::kInvalidArgument, added.error().code());
 }
 
+TEST(FabricService, a_malformed_peer_address_is_refused_and_does_not_lock_out_others) {
+  // libfabric 1.17's tcp address vector rejects every later insert once it has refused one
+  // address of an unknown family; a hostile hello must be stopped before it gets there.
+  Collector collector;
+  auto service = start_service(loopback("tcp"), collector);
+  ASSERT_TRUE(service);
+  const std::vector<std::uint8_t> garbage(16, 0xff);
+  Status refused = service->add_peer(1, garbage);
+  ASSERT_FALSE(refused);
+  EXPECT_NE(std::string::npos, refused.error().message().find("AF_INET")) << refused.error().message();
+  const std::vector<std::uint8_t> short_address(5, 2);
+  ASSERT_FALSE(service->add_peer(2, short_address));
+  EXPECT_TRUE(service->add_peer(3, service->local_address()))
+      << "a good address must still be accepted after bad ones";
+}
+
 TEST(FabricService, an_unknown_provider_is_a_clear_error) {
   // Misspelt providers must name themselves in the error, not fail with a bare code.
   Collector collector;
