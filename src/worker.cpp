@@ -118,13 +118,20 @@ bool Worker::step(bool may_block) {
   }
   if (idle && may_block) flush(true, true);  // about to park: nothing may wait behind it
   const bool open = shared_->channel.take(inbox_, may_block && idle && !closed_);
-  if (!open) closed_ = true;
+  if (!open && !closed_) {
+    closed_ = true;
+    closed_at_ = Clock::now();
+  }
   for (Message& message : inbox_) intake(message);
   inbox_.clear();
   if (endpoint_->deferred_closes()->pending()) endpoint_->deferred_closes()->drain();
 
   post();
   const std::size_t reaped = reap();
+  if (closed_ && in_flight_ > 0 && configuration_.completion_deadline.count() > 0 &&
+      Clock::now() - closed_at_ >= configuration_.completion_deadline) {
+    abandon_in_flight();
+  }
   const bool dry = reaped == 0 || in_flight_ == 0;
   flush(dry, false);
   return true;
@@ -353,13 +360,14 @@ std::size_t Worker::reap() {
       --op->in_flight;
       ++total;
       if (!op->error) {
-        const char* detail = fi_cq_strerror(endpoint_->completion_queue(), failure.prov_errno,
-                                            failure.err_data, nullptr, 0);
+        // fi_cq_strerror decodes prov_errno; several providers (tcp) put a bare errno there
+        // that means nothing to a reader, so it is reported as a number.
         op->error = Error(ErrorCode::kFabric,
-                          std::string(op->request.direction == Direction::kToPeer ? "write"
-                                                                                  : "read") +
-                              " to peer failed: " + fi_strerror(failure.err) +
-                              (detail ? std::string(" (") + detail + ")" : std::string()));
+                          std::string(op->request.direction == Direction::kToPeer
+                                          ? "write to peer failed: "
+                                          : "read from peer failed: ") +
+                              fi_strerror(failure.err) + " (provider error " +
+                              std::to_string(failure.prov_errno) + ")");
       }
       if (op->in_flight == 0 && !op->queued) finish(op, fail(*op->error));
       continue;
@@ -472,6 +480,38 @@ void Worker::dispatch_checksums() {
     }
     shared->jobs_done.notify_all();
   });
+}
+
+void Worker::abandon_in_flight() {
+  endpoint_->close_endpoint();
+  const std::string why = "no completion within the " +
+                          std::to_string(configuration_.completion_deadline.count()) +
+                          " ms completion deadline at shutdown; the endpoint was closed under it";
+  for (Piece* piece : [&] {
+         std::vector<Piece*> posted;
+         for (auto& owned : pieces_) {
+           if (std::find(free_pieces_.begin(), free_pieces_.end(), owned.get()) == free_pieces_.end()) {
+             posted.push_back(owned.get());
+           }
+         }
+         return posted;
+       }()) {
+    Op* op = piece->op;
+    free_pieces_.push_back(piece);
+    --in_flight_;
+    if (!op->error) op->error = Error(ErrorCode::kTimedOut, why);
+    if (--op->in_flight == 0 && !op->queued) finish(op, fail(*op->error));
+  }
+  // Whatever is still queued can no longer be posted.
+  while (!pending_.empty()) {
+    Op* op = pending_.front();
+    pending_.pop_front();
+    op->queued = false;
+    if (op->in_flight == 0) {
+      finish(op, op->error ? fail(*op->error)
+                           : fail(ErrorCode::kWorkerGone, "fabric worker is gone (endpoint closed)"));
+    }
+  }
 }
 
 Worker::Op* Worker::acquire_op() {

@@ -88,6 +88,7 @@ class Channel {
   std::atomic<bool> pending_{false};
   bool woken_ = false;
   bool closed_ = false;
+  std::chrono::steady_clock::time_point closed_at_;
 };
 
 // Counters shared between the worker and readers.
@@ -183,7 +184,9 @@ class Worker {
   void flush(bool queue_dry, bool parking);
   void deliver_now();
   void dispatch_checksums();
-  void release_client(std::uint64_t client_id);
+  // Shutdown only: closes the endpoint under operations that outlived completion_deadline and
+  // fails them, so a dropped service cannot hang on a peer that will never answer.
+  void abandon_in_flight();
   Op* acquire_op();
   Piece* acquire_piece(Op* op);
 
@@ -206,6 +209,7 @@ class Worker {
   std::unordered_map<std::uint64_t, std::size_t> client_outstanding_;
   std::unordered_set<std::uint64_t> removal_pending_;
   bool closed_ = false;
+  std::chrono::steady_clock::time_point closed_at_;
 };
 
 }  // namespace dma::internal

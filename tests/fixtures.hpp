@@ -77,12 +77,14 @@ class Collector {
     };
   }
   // Waits (with the test deadline) until `count` completions have arrived; returns them all.
+  // With `expect_all` false, returns whatever arrived without failing the test.
   std::vector<Finished> wait_for(std::size_t count,
-                                 std::chrono::milliseconds deadline = kDeadline) {
+                                 std::chrono::milliseconds deadline = kDeadline,
+                                 bool expect_all = true) {
     std::unique_lock lock(mutex_);
     const bool arrived =
         changed_.wait_for(lock, deadline, [&] { return finished_.size() >= count; });
-    EXPECT_TRUE(arrived) << "only " << finished_.size() << " of " << count
+    EXPECT_TRUE(arrived || !expect_all) << "only " << finished_.size() << " of " << count
                          << " completions arrived before the deadline";
     return std::move(finished_);
   }

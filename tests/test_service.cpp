@@ -478,6 +478,38 @@ TEST_P(Loopback, shutdown_with_transfers_in_flight_delivers_every_completion) {
   }
 }
 
+TEST(FabricService, shutdown_does_not_hang_on_a_write_that_never_completes) {
+  // shm never completes a delivery-complete write past the exposed region (PROVIDERS.md); a
+  // service dropped with one in flight must close its endpoint at the completion deadline and
+  // fail it, not hang its destructor.
+  Configuration configuration = loopback("shm");
+  configuration.completion_deadline = std::chrono::milliseconds(300);
+  auto target = Target::open(configuration);
+  ASSERT_TRUE(target) << target.error().describe();
+  Collector collector;
+  auto service = start_service(configuration, collector);
+  ASSERT_TRUE(service);
+  // Expose 64 bytes of a larger buffer, so the overrun lands in memory this test owns.
+  std::vector<std::byte> remote(8192);
+  auto exposed = (*target)->expose(remote.data(), 64);
+  ASSERT_TRUE(exposed);
+  TransferRequest request;
+  request.client_id = 1;
+  request.peer_address = testing::address_of((*target)->local_address());
+  request.regions.push_back(exposed->region(0, 4096));  // claims more than was exposed
+  request.context = std::make_unique<Buffer>(pattern(4096, 3));
+  ASSERT_TRUE(service->submit(std::move(request)));
+  // Give it time to be posted; whether it completes or not, the destructor must return.
+  auto early = collector.wait_for(1, std::chrono::milliseconds(200), false);
+  if (!early.empty()) GTEST_SKIP() << "this shm completed the overrun write; nothing to bound";
+  service.reset();
+  auto finished = collector.wait_for(1, std::chrono::milliseconds(0));
+  ASSERT_EQ(1u, finished.size());
+  ASSERT_FALSE(finished[0].outcome);
+  EXPECT_EQ(ErrorCode::kTimedOut, finished[0].outcome.error().code())
+      << finished[0].outcome.error().describe();
+}
+
 INSTANTIATE_TEST_SUITE_P(Providers, Loopback, ::testing::Values("tcp", "net", "shm"),
                          [](const auto& param_info) { return param_info.param; });
 

@@ -15,6 +15,7 @@
 #include <chrono>
 #include <cinttypes>
 #include <cstdio>
+#include <cstdlib>
 #include <iostream>
 #include <memory>
 #include <optional>
@@ -236,6 +237,9 @@ int run_initiator(const Common& common, const InitiatorOptions& options) {
       std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
   if (!outcome) {
     std::cerr << "dma-cli: " << outcome.error().describe() << "\n";
+    // ~FabricService waits for what is in flight; a transfer that never completes would hang
+    // us there, so leave without it.
+    if (outcome.error().code() == dma::ErrorCode::kTimedOut) std::_Exit(kExitFailure);
     return kExitFailure;
   }
   const double gbps = seconds > 0 ? static_cast<double>(outcome->bytes) * 8 / seconds / 1e9 : 0;

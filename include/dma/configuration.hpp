@@ -29,8 +29,10 @@ struct Configuration {
   std::size_t max_in_flight = 64;
   // How long an operation may keep answering -FI_EAGAIN before it fails as unreachable.
   std::chrono::milliseconds progress_deadline{1000};
-  // How long a posted operation may wait for its completion before it fails as timed out.
-  // 0 disables the check.
+  // How long a service being shut down waits for operations already posted before it closes
+  // the endpoint under them and fails them as timed out (so a peer that never answers, or shm's
+  // never-completing bad write, cannot hang the destructor). 0 waits forever. Failing a single
+  // stuck transfer while the service keeps running is issue 6.
   std::chrono::milliseconds completion_deadline{30000};
   // Threads computing CRC32C of completed transfers off the fabric worker.
   std::size_t crc_threads = 1;

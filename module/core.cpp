@@ -1,0 +1,212 @@
+#include "core.hpp"
+
+#include <algorithm>
+#include <cctype>
+#include <limits>
+
+#include "dma/protocol.hpp"
+
+namespace dma::module {
+namespace {
+
+std::vector<std::string> split_list(std::string_view text) {
+  std::vector<std::string> out;
+  while (!text.empty()) {
+    const std::size_t comma = text.find(',');
+    std::string_view item = text.substr(0, comma);
+    if (!item.empty()) out.emplace_back(item);
+    if (comma == std::string_view::npos) break;
+    text.remove_prefix(comma + 1);
+  }
+  return out;
+}
+
+bool equals_ignoring_case(std::string_view left, std::string_view right) {
+  return left.size() == right.size() &&
+         std::equal(left.begin(), left.end(), right.begin(), [](char a, char b) {
+           return std::tolower(static_cast<unsigned char>(a)) ==
+                  std::tolower(static_cast<unsigned char>(b));
+         });
+}
+
+}  // namespace
+
+Result<ModuleOptions> parse_module_arguments(std::span<const std::string> arguments) {
+  ModuleOptions options;
+  if (arguments.size() % 2 != 0) {
+    return fail(ErrorCode::kConfiguration,
+                "module argument '" + arguments.back() + "' has no value (arguments are name value pairs)");
+  }
+  for (std::size_t index = 0; index < arguments.size(); index += 2) {
+    const std::string& name = arguments[index];
+    const std::string& value = arguments[index + 1];
+    auto number = [&]() -> Result<std::uint64_t> {
+      auto parsed = parse_decimal(value, name);
+      if (!parsed) {
+        return fail(ErrorCode::kConfiguration,
+                    "module argument " + name + ": " + parsed.error().message());
+      }
+      return parsed;
+    };
+    if (name == "providers") {
+      options.configuration.providers = split_list(value);
+    } else if (name == "interfaces") {
+      options.configuration.interfaces = split_list(value);
+    } else if (name == "bind") {
+      options.configuration.bind = value;
+    } else if (name == "services-per-domain") {
+      auto parsed = number();
+      if (!parsed) return fail(std::move(parsed).error());
+      if (*parsed == 0 || *parsed > 64) {
+        return fail(ErrorCode::kConfiguration,
+                    "module argument services-per-domain must be 1..64, not " + value);
+      }
+      options.services_per_domain = *parsed;
+    } else if (name == "max-in-flight") {
+      auto parsed = number();
+      if (!parsed) return fail(std::move(parsed).error());
+      options.configuration.max_in_flight = *parsed;
+    } else if (name == "progress-deadline-ms") {
+      auto parsed = number();
+      if (!parsed) return fail(std::move(parsed).error());
+      if (*parsed > std::uint64_t{std::numeric_limits<std::int32_t>::max()}) {
+        return fail(ErrorCode::kConfiguration, "module argument progress-deadline-ms is too large");
+      }
+      options.configuration.progress_deadline = std::chrono::milliseconds(*parsed);
+    } else if (name == "max-value-size") {
+      auto parsed = number();
+      if (!parsed) return fail(std::move(parsed).error());
+      if (*parsed == 0) {
+        return fail(ErrorCode::kConfiguration, "module argument max-value-size must be positive");
+      }
+      options.max_value_size = *parsed;
+    } else if (name == "crc-threads") {
+      auto parsed = number();
+      if (!parsed) return fail(std::move(parsed).error());
+      if (*parsed > 256) {
+        return fail(ErrorCode::kConfiguration, "module argument crc-threads is too large: " + value);
+      }
+      options.configuration.crc_threads = *parsed;
+    } else {
+      return fail(ErrorCode::kConfiguration,
+                  "unknown module argument '" + name +
+                      "' (known: providers, interfaces, services-per-domain, max-in-flight, "
+                      "progress-deadline-ms, max-value-size, crc-threads, bind)");
+    }
+  }
+  if (Status valid = options.configuration.validate(); !valid) {
+    return fail(ErrorCode::kConfiguration, "module arguments: " + valid.error().message());
+  }
+  return options;
+}
+
+Result<ParsedRegions> parse_regions(std::span<const std::string_view> fields) {
+  if (fields.empty() || fields.size() % 3 != 0) {
+    return fail(ErrorCode::kInvalidArgument,
+                "regions are <rkey> <addr> <len> triples, at least one");
+  }
+  const std::size_t count = fields.size() / 3;
+  if (count > kMaxRemoteRegions) {
+    return fail(ErrorCode::kInvalidArgument, std::to_string(count) + " regions; at most " +
+                                                 std::to_string(kMaxRemoteRegions) +
+                                                 " are allowed");
+  }
+  ParsedRegions out;
+  for (std::size_t index = 0; index < count; ++index) {
+    auto key = parse_decimal(fields[3 * index], "rkey");
+    if (!key) return fail(std::move(key).error());
+    auto address = parse_decimal(fields[3 * index + 1], "addr");
+    if (!address) return fail(std::move(address).error());
+    auto length = parse_decimal(fields[3 * index + 2], "len");
+    if (!length) return fail(std::move(length).error());
+    if (*length == 0) {
+      return fail(ErrorCode::kInvalidArgument,
+                  "region " + std::to_string(index) + " has zero length");
+    }
+    if (*address + *length < *address) {
+      return fail(ErrorCode::kInvalidArgument,
+                  "region " + std::to_string(index) + " overflows the address space");
+    }
+    if (out.capacity + *length < out.capacity) {
+      return fail(ErrorCode::kInvalidArgument, "the regions' total length overflows");
+    }
+    out.capacity += *length;
+    out.regions.push_back(RemoteRegion{*key, *address, *length});
+  }
+  return out;
+}
+
+Result<SetArguments> parse_set_arguments(std::span<const std::string_view> fields,
+                                         std::size_t max_value_size) {
+  if (fields.empty()) return fail(ErrorCode::kInvalidArgument, "missing length");
+  SetArguments out;
+  auto length = parse_decimal(fields[0], "length");
+  if (!length) return fail(std::move(length).error());
+  if (*length > max_value_size) {
+    return fail(ErrorCode::kInvalidArgument,
+                "length " + std::to_string(*length) + " exceeds max-value-size " +
+                    std::to_string(max_value_size));
+  }
+  out.length = *length;
+  fields = fields.subspan(1);
+  if (!fields.empty() && equals_ignoring_case(fields[0], "CRC")) {
+    if (fields.size() < 2) return fail(ErrorCode::kInvalidArgument, "CRC needs a value");
+    auto crc = parse_decimal(fields[1], "crc32c");
+    if (!crc) return fail(std::move(crc).error());
+    if (*crc > std::numeric_limits<std::uint32_t>::max()) {
+      return fail(ErrorCode::kInvalidArgument, "crc32c " + std::string(fields[1]) +
+                                                   " does not fit in 32 bits");
+    }
+    out.crc = static_cast<std::uint32_t>(*crc);
+    fields = fields.subspan(2);
+  }
+  auto regions = parse_regions(fields);
+  if (!regions) return fail(std::move(regions).error());
+  if (regions->capacity < out.length) {
+    return fail(ErrorCode::kInvalidArgument,
+                "regions hold " + std::to_string(regions->capacity) + " bytes, fewer than the " +
+                    std::to_string(out.length) + " to read");
+  }
+  out.regions = std::move(*regions);
+  return out;
+}
+
+TransferContext::TransferContext(Kind kind, std::string key, std::size_t length,
+                                 std::optional<std::uint32_t> crc)
+    : kind_(kind), key_(std::move(key)), expected_crc_(crc), length_(length) {
+  // One byte at least, so an empty value still has a non-null source (the service treats a
+  // null source as "no source").
+  bytes_ = std::make_unique_for_overwrite<std::byte[]>(std::max<std::size_t>(length, 1));
+}
+
+std::unique_ptr<TransferContext> TransferContext::for_get(std::span<const std::byte> value) {
+  std::unique_ptr<TransferContext> context(
+      new TransferContext(Kind::kGet, {}, value.size(), std::nullopt));
+  std::copy(value.begin(), value.end(), context->bytes_.get());
+  return context;
+}
+
+std::unique_ptr<TransferContext> TransferContext::for_set(std::string key, std::size_t length,
+                                                          std::optional<std::uint32_t> crc) {
+  return std::unique_ptr<TransferContext>(
+      new TransferContext(Kind::kSet, std::move(key), length, crc));
+}
+
+std::span<const std::byte> TransferContext::source() {
+  if (kind_ != Kind::kGet) return {};
+  return {bytes_.get(), length_};
+}
+
+std::span<std::byte> TransferContext::allocate(std::size_t length) {
+  if (kind_ != Kind::kSet || length > length_) return {};
+  return {bytes_.get(), length_};
+}
+
+std::string error_reply(const Error& error) {
+  std::string text = "ERR " + error.describe();
+  std::replace(text.begin(), text.end(), '\r', ' ');
+  std::replace(text.begin(), text.end(), '\n', ' ');
+  return text;
+}
+
+}  // namespace dma::module

@@ -1,0 +1,66 @@
+// The module API pointers and their lookup by name (see redis_module_api.h).
+#include "redis_module_api.h"
+
+int (*RedisModule_GetApi)(const char*, void*) = nullptr;
+void (*RedisModule_SetModuleAttribs)(RedisModuleCtx*, const char*, int, int) = nullptr;
+int (*RedisModule_IsModuleNameBusy)(const char*) = nullptr;
+int (*RedisModule_CreateCommand)(RedisModuleCtx*, const char*, RedisModuleCmdFunc, const char*,
+                                 int, int, int) = nullptr;
+int (*RedisModule_WrongArity)(RedisModuleCtx*) = nullptr;
+int (*RedisModule_ReplyWithLongLong)(RedisModuleCtx*, long long) = nullptr;
+int (*RedisModule_ReplyWithError)(RedisModuleCtx*, const char*) = nullptr;
+int (*RedisModule_ReplyWithSimpleString)(RedisModuleCtx*, const char*) = nullptr;
+int (*RedisModule_ReplyWithArray)(RedisModuleCtx*, long) = nullptr;
+int (*RedisModule_ReplyWithStringBuffer)(RedisModuleCtx*, const char*, size_t) = nullptr;
+int (*RedisModule_ReplyWithNull)(RedisModuleCtx*) = nullptr;
+void* (*RedisModule_OpenKey)(RedisModuleCtx*, RedisModuleString*, int) = nullptr;
+void (*RedisModule_CloseKey)(RedisModuleKey*) = nullptr;
+int (*RedisModule_KeyType)(RedisModuleKey*) = nullptr;
+size_t (*RedisModule_ValueLength)(RedisModuleKey*) = nullptr;
+RedisModuleString* (*RedisModule_CreateString)(RedisModuleCtx*, const char*, size_t) = nullptr;
+void (*RedisModule_FreeString)(RedisModuleCtx*, RedisModuleString*) = nullptr;
+const char* (*RedisModule_StringPtrLen)(const RedisModuleString*, size_t*) = nullptr;
+int (*RedisModule_StringSet)(RedisModuleKey*, RedisModuleString*) = nullptr;
+char* (*RedisModule_StringDMA)(RedisModuleKey*, size_t*, int) = nullptr;
+int (*RedisModule_GetContextFlags)(RedisModuleCtx*) = nullptr;
+unsigned long long (*RedisModule_GetClientId)(RedisModuleCtx*) = nullptr;
+void (*RedisModule_Log)(RedisModuleCtx*, const char*, const char*, ...) = nullptr;
+RedisModuleBlockedClient* (*RedisModule_BlockClient)(RedisModuleCtx*, RedisModuleCmdFunc,
+                                                     RedisModuleCmdFunc,
+                                                     RedisModuleFreePrivdataFunc,
+                                                     long long) = nullptr;
+int (*RedisModule_UnblockClient)(RedisModuleBlockedClient*, void*) = nullptr;
+void* (*RedisModule_GetBlockedClientPrivateData)(RedisModuleCtx*) = nullptr;
+int (*RedisModule_SubscribeToServerEvent)(RedisModuleCtx*, RedisModuleEvent,
+                                          RedisModuleEventCallback) = nullptr;
+int (*RedisModule_RegisterInfoFunc)(RedisModuleCtx*, RedisModuleInfoFunc) = nullptr;
+int (*RedisModule_InfoAddSection)(RedisModuleInfoCtx*, const char*) = nullptr;
+int (*RedisModule_InfoAddFieldULongLong)(RedisModuleInfoCtx*, const char*,
+                                         unsigned long long) = nullptr;
+int (*RedisModule_InfoAddFieldCString)(RedisModuleInfoCtx*, const char*, const char*) = nullptr;
+
+#define DMA_GET_API(name) \
+  (RedisModule_GetApi("RedisModule_" #name, reinterpret_cast<void*>(&RedisModule_##name)) == \
+   REDISMODULE_OK)
+
+int redis_module_init(RedisModuleCtx* ctx, const char* name, int version, int api_version) {
+  void* get_api = reinterpret_cast<void**>(ctx)[0];
+  RedisModule_GetApi = reinterpret_cast<int (*)(const char*, void*)>(get_api);
+  const bool resolved =
+      DMA_GET_API(SetModuleAttribs) && DMA_GET_API(IsModuleNameBusy) &&
+      DMA_GET_API(CreateCommand) && DMA_GET_API(WrongArity) && DMA_GET_API(ReplyWithLongLong) &&
+      DMA_GET_API(ReplyWithError) && DMA_GET_API(ReplyWithSimpleString) &&
+      DMA_GET_API(ReplyWithArray) && DMA_GET_API(ReplyWithStringBuffer) &&
+      DMA_GET_API(ReplyWithNull) && DMA_GET_API(OpenKey) && DMA_GET_API(CloseKey) &&
+      DMA_GET_API(KeyType) && DMA_GET_API(ValueLength) && DMA_GET_API(CreateString) &&
+      DMA_GET_API(FreeString) && DMA_GET_API(StringPtrLen) && DMA_GET_API(StringSet) &&
+      DMA_GET_API(StringDMA) && DMA_GET_API(GetContextFlags) && DMA_GET_API(GetClientId) &&
+      DMA_GET_API(Log) && DMA_GET_API(BlockClient) && DMA_GET_API(UnblockClient) &&
+      DMA_GET_API(GetBlockedClientPrivateData) && DMA_GET_API(SubscribeToServerEvent) &&
+      DMA_GET_API(RegisterInfoFunc) && DMA_GET_API(InfoAddSection) &&
+      DMA_GET_API(InfoAddFieldULongLong) && DMA_GET_API(InfoAddFieldCString);
+  if (!resolved) return REDISMODULE_ERR;
+  if (RedisModule_IsModuleNameBusy(name)) return REDISMODULE_ERR;
+  RedisModule_SetModuleAttribs(ctx, name, version, api_version);
+  return REDISMODULE_OK;
+}

@@ -1,0 +1,105 @@
+// The part of the Redis/Valkey module API this module uses, declared by hand because the server's
+// redismodule.h is not packaged. Layout and values follow Redis 7.0's redismodule.h: every API
+// function is a pointer the server fills in by name through RedisModule_GetApi, which the server
+// passes as the first word of the context given to RedisModule_OnLoad (see redis_init below).
+//
+// Only what dma's module calls is here; add a declaration (and its lookup in
+// redis_module_api.cpp) before calling anything else. Thread-safety is the server's: only
+// RedisModule_UnblockClient may be called off the main thread here.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+extern "C" {
+
+#define REDISMODULE_OK 0
+#define REDISMODULE_ERR 1
+#define REDISMODULE_APIVER_1 1
+
+#define REDISMODULE_READ (1 << 0)
+#define REDISMODULE_WRITE (1 << 1)
+
+#define REDISMODULE_KEYTYPE_EMPTY 0
+#define REDISMODULE_KEYTYPE_STRING 1
+
+#define REDISMODULE_ERRORMSG_WRONGTYPE "WRONGTYPE Operation against a key holding the wrong kind of value"
+
+// The current client may not block: inside MULTI, Lua, or RM_Call from another module.
+#define REDISMODULE_CTX_FLAGS_DENY_BLOCKING (1 << 21)
+
+#define REDISMODULE_EVENT_CLIENT_CHANGE 4
+#define REDISMODULE_SUBEVENT_CLIENT_CHANGE_CONNECTED 0
+#define REDISMODULE_SUBEVENT_CLIENT_CHANGE_DISCONNECTED 1
+
+typedef struct RedisModuleCtx RedisModuleCtx;
+typedef struct RedisModuleKey RedisModuleKey;
+typedef struct RedisModuleString RedisModuleString;
+typedef struct RedisModuleBlockedClient RedisModuleBlockedClient;
+typedef struct RedisModuleInfoCtx RedisModuleInfoCtx;
+
+typedef struct RedisModuleEvent {
+  uint64_t id;       // REDISMODULE_EVENT_*
+  uint64_t dataver;  // version of the structure passed as the callback's data
+} RedisModuleEvent;
+
+// What the ClientChange event passes as `data` (version 1).
+typedef struct RedisModuleClientInfo {
+  uint64_t version;
+  uint64_t flags;
+  uint64_t id;
+  char addr[46];
+  uint16_t port;
+  uint16_t db;
+} RedisModuleClientInfo;
+
+typedef int (*RedisModuleCmdFunc)(RedisModuleCtx* ctx, RedisModuleString** argv, int argc);
+typedef void (*RedisModuleEventCallback)(RedisModuleCtx* ctx, RedisModuleEvent eid,
+                                         uint64_t subevent, void* data);
+typedef void (*RedisModuleInfoFunc)(RedisModuleInfoCtx* ctx, int for_crash_report);
+typedef void (*RedisModuleFreePrivdataFunc)(RedisModuleCtx* ctx, void* privdata);
+
+}  // extern "C"
+
+// The pointers the server fills in (defined in redis_module_api.cpp).
+extern int (*RedisModule_GetApi)(const char*, void*);
+extern void (*RedisModule_SetModuleAttribs)(RedisModuleCtx*, const char*, int, int);
+extern int (*RedisModule_IsModuleNameBusy)(const char*);
+extern int (*RedisModule_CreateCommand)(RedisModuleCtx*, const char*, RedisModuleCmdFunc,
+                                        const char*, int, int, int);
+extern int (*RedisModule_WrongArity)(RedisModuleCtx*);
+extern int (*RedisModule_ReplyWithLongLong)(RedisModuleCtx*, long long);
+extern int (*RedisModule_ReplyWithError)(RedisModuleCtx*, const char*);
+extern int (*RedisModule_ReplyWithSimpleString)(RedisModuleCtx*, const char*);
+extern int (*RedisModule_ReplyWithArray)(RedisModuleCtx*, long);
+extern int (*RedisModule_ReplyWithStringBuffer)(RedisModuleCtx*, const char*, size_t);
+extern int (*RedisModule_ReplyWithNull)(RedisModuleCtx*);
+extern void* (*RedisModule_OpenKey)(RedisModuleCtx*, RedisModuleString*, int);
+extern void (*RedisModule_CloseKey)(RedisModuleKey*);
+extern int (*RedisModule_KeyType)(RedisModuleKey*);
+extern size_t (*RedisModule_ValueLength)(RedisModuleKey*);
+extern RedisModuleString* (*RedisModule_CreateString)(RedisModuleCtx*, const char*, size_t);
+extern void (*RedisModule_FreeString)(RedisModuleCtx*, RedisModuleString*);
+extern const char* (*RedisModule_StringPtrLen)(const RedisModuleString*, size_t*);
+extern int (*RedisModule_StringSet)(RedisModuleKey*, RedisModuleString*);
+extern char* (*RedisModule_StringDMA)(RedisModuleKey*, size_t*, int);
+extern int (*RedisModule_GetContextFlags)(RedisModuleCtx*);
+extern unsigned long long (*RedisModule_GetClientId)(RedisModuleCtx*);
+extern void (*RedisModule_Log)(RedisModuleCtx*, const char*, const char*, ...);
+extern RedisModuleBlockedClient* (*RedisModule_BlockClient)(RedisModuleCtx*, RedisModuleCmdFunc,
+                                                            RedisModuleCmdFunc,
+                                                            RedisModuleFreePrivdataFunc, long long);
+extern int (*RedisModule_UnblockClient)(RedisModuleBlockedClient*, void*);
+extern void* (*RedisModule_GetBlockedClientPrivateData)(RedisModuleCtx*);
+extern int (*RedisModule_SubscribeToServerEvent)(RedisModuleCtx*, RedisModuleEvent,
+                                                 RedisModuleEventCallback);
+extern int (*RedisModule_RegisterInfoFunc)(RedisModuleCtx*, RedisModuleInfoFunc);
+extern int (*RedisModule_InfoAddSection)(RedisModuleInfoCtx*, const char*);
+extern int (*RedisModule_InfoAddFieldULongLong)(RedisModuleInfoCtx*, const char*,
+                                                unsigned long long);
+extern int (*RedisModule_InfoAddFieldCString)(RedisModuleInfoCtx*, const char*, const char*);
+
+// What RedisModule_Init does in redismodule.h: reads RedisModule_GetApi from the context's first
+// word, resolves every pointer above by name, refuses a busy name, and sets the module's name and
+// API version. REDISMODULE_ERR if any function is missing (a server too old for this module).
+int redis_module_init(RedisModuleCtx* ctx, const char* name, int version, int api_version);
