@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <deque>
 
 #include "dma/service.hpp"
 #include "dma/target.hpp"
@@ -19,7 +20,7 @@ using testing::pattern;
 struct Client {
   std::unique_ptr<Target> target;
   std::vector<std::unique_ptr<std::vector<std::byte>>> buffers;
-  std::vector<Exposed> exposed;
+  std::deque<Exposed> exposed;  // a deque: references stay valid as buffers are added
 
   static Client open(const Configuration& configuration) {
     Client client;
@@ -216,6 +217,26 @@ TEST_P(BadKey, a_wrong_key_fails_that_transfer_and_other_clients_keep_working) {
   Outcome recovered = run(std::move(again));
   ASSERT_TRUE(recovered) << recovered.error().describe();
   EXPECT_TRUE(first.bytes(0) == pattern(4096, 5));
+}
+
+TEST_P(BadKey, exposed_buffers_never_share_a_key_and_unexposing_revokes_access) {
+  // Two buffers under one key would let a client's advertisement reach the wrong buffer; a
+  // buffer no longer exposed must no longer be writable.
+  Client client = Client::open(configuration_);
+  ASSERT_TRUE(client.target);
+  Exposed& a = client.expose(4096, 1);
+  Exposed& b = client.expose(4096, 2);
+  EXPECT_NE(a.advertisement().key, b.advertisement().key);
+  const RemoteRegion gone = b.whole();
+  client.exposed.pop_back();  // un-expose b
+  TransferRequest late;
+  late.client_id = 1;
+  late.peer_address = client.address();
+  late.regions.push_back(gone);
+  late.context = std::make_unique<Buffer>(pattern(4096, 9));
+  Outcome refused = run(std::move(late));
+  EXPECT_FALSE(refused) << "a write to an un-exposed buffer must fail";
+  EXPECT_TRUE(client.bytes(1) == pattern(4096, 2));
 }
 
 INSTANTIATE_TEST_SUITE_P(CheckingProviders, BadKey, ::testing::Values("tcp", "net"),

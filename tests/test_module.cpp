@@ -1,0 +1,781 @@
+// The Redis/Valkey module end to end: a real redis-server loading build/lib/dma.so, real
+// dma::Client and raw hiredis connections, the tcp provider over loopback.
+#include <gtest/gtest.h>
+
+#include <fcntl.h>
+#include <hiredis/hiredis.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <array>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+#include "client.hpp"
+#include "core.hpp"
+#include "dma/protocol.hpp"
+#include "dma/target.hpp"
+#include "fixtures.hpp"
+
+extern char** environ;
+
+namespace dma {
+namespace {
+
+using namespace std::chrono_literals;
+using testing::loopback;
+using testing::pattern;
+
+constexpr auto kStartDeadline = 30s;
+
+std::string module_path() { return std::string(DMA_BINARY_DIR) + "/lib/dma.so"; }
+
+int free_port() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  address.sin_port = 0;
+  socklen_t length = sizeof address;
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof address) != 0 ||
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length) != 0) {
+    ::close(fd);
+    return 0;
+  }
+  ::close(fd);
+  return ntohs(address.sin_port);
+}
+
+[[maybe_unused]] std::string run_output(const std::string& command) {
+  std::string out;
+  FILE* pipe = ::popen(command.c_str(), "r");
+  if (pipe == nullptr) return out;
+  std::array<char, 512> chunk{};
+  while (std::fgets(chunk.data(), chunk.size(), pipe) != nullptr) out += chunk.data();
+  ::pclose(pipe);
+  while (!out.empty() && (out.back() == '\n' || out.back() == ' ')) out.pop_back();
+  return out;
+}
+
+// What the sanitizer builds must add to the uninstrumented redis-server's environment so it
+// can load an instrumented module: the runtime has to be loaded first.
+std::vector<std::string> sanitizer_environment() {
+#if defined(__SANITIZE_ADDRESS__)
+  return {"LD_PRELOAD=" + run_output("gcc -print-file-name=libasan.so"),
+          "ASAN_OPTIONS=detect_leaks=0"};
+#elif defined(__SANITIZE_THREAD__)
+  return {};
+#else
+  return {};
+#endif
+}
+
+struct ReplyDeleter {
+  void operator()(redisReply* reply) const noexcept { freeReplyObject(reply); }
+};
+using Reply = std::unique_ptr<redisReply, ReplyDeleter>;
+
+// A raw hiredis connection, for commands the Client never sends (malformed ones included).
+class Connection {
+ public:
+  explicit Connection(int port) {
+    const timeval timeout{60, 0};
+    context_ = redisConnectWithTimeout("127.0.0.1", port, timeout);
+    if (context_ != nullptr && context_->err == 0) redisSetTimeout(context_, timeout);
+  }
+  ~Connection() { close(); }
+  void close() {
+    if (context_ != nullptr) redisFree(context_);
+    context_ = nullptr;
+  }
+  bool ok() const { return context_ != nullptr && context_->err == 0; }
+  Reply command(const std::vector<std::string>& arguments) {
+    send(arguments);
+    return receive();
+  }
+  // Queues a command and writes it out without waiting for the reply.
+  void send(const std::vector<std::string>& arguments) {
+    std::vector<const char*> pointers;
+    std::vector<std::size_t> lengths;
+    for (const auto& argument : arguments) {
+      pointers.push_back(argument.data());
+      lengths.push_back(argument.size());
+    }
+    redisAppendCommandArgv(context_, static_cast<int>(arguments.size()), pointers.data(),
+                           lengths.data());
+    int done = 0;
+    while (done == 0 && redisBufferWrite(context_, &done) == REDIS_OK) {
+    }
+  }
+  Reply receive() {
+    void* reply = nullptr;
+    if (redisGetReply(context_, &reply) != REDIS_OK) return nullptr;
+    return Reply(static_cast<redisReply*>(reply));
+  }
+
+ private:
+  redisContext* context_ = nullptr;
+};
+
+std::string error_of(const Reply& reply) {
+  if (!reply) return "<no reply>";
+  if (reply->type != REDIS_REPLY_ERROR) return "<not an error, type " + std::to_string(reply->type) + ">";
+  return std::string(reply->str, reply->len);
+}
+
+bool contains(const std::string& text, const std::string& part) {
+  return text.find(part) != std::string::npos;
+}
+
+// A numeric field of `INFO dma` ("in_flight" reads dma_in_flight), or -1 if it is missing.
+long long info_field(Connection& connection, const std::string& name) {
+  Reply info = connection.command({"INFO", "dma"});
+  if (!info || info->type != REDIS_REPLY_STRING) return -1;
+  const std::string text(info->str, info->len);
+  const std::string label = "dma_" + name + ":";
+  const std::size_t at = text.find(label);
+  if (at == std::string::npos) return -1;
+  return std::stoll(text.substr(at + label.size()));
+}
+
+// A redis-server child with the module loaded, killed and reaped on destruction.
+class RedisServer {
+ public:
+  // Starts the server; `extra` are more module arguments. Returns nullptr (with a test failure)
+  // if it does not answer PING before the deadline.
+  static std::unique_ptr<RedisServer> start(const std::vector<std::string>& extra = {}) {
+    auto server = std::unique_ptr<RedisServer>(new RedisServer());
+    if (!server->spawn(extra)) return nullptr;
+    const auto deadline = std::chrono::steady_clock::now() + kStartDeadline;
+    while (std::chrono::steady_clock::now() < deadline) {
+      if (server->exited()) {
+        ADD_FAILURE() << "redis-server exited during startup:\n" << server->log();
+        return nullptr;
+      }
+      Connection probe(server->port());
+      if (probe.ok()) {
+        Reply pong = probe.command({"PING"});
+        if (pong && pong->type == REDIS_REPLY_STATUS) return server;
+      }
+      std::this_thread::sleep_for(20ms);  // polling a child that cannot notify us
+    }
+    ADD_FAILURE() << "redis-server did not answer PING within the deadline:\n" << server->log();
+    return nullptr;
+  }
+
+  // Runs a server expected to fail at startup; returns its exit status (-1 on deadline).
+  static int run_to_exit(const std::vector<std::string>& module_arguments, std::string& log) {
+    RedisServer server;
+    if (!server.spawn(module_arguments, /*defaults=*/false)) return -1;
+    const auto deadline = std::chrono::steady_clock::now() + kStartDeadline;
+    while (std::chrono::steady_clock::now() < deadline) {
+      if (server.exited()) {
+        log = server.log();
+        return server.status_;
+      }
+      std::this_thread::sleep_for(20ms);
+    }
+    log = server.log();
+    return -1;
+  }
+
+  ~RedisServer() {
+    if (pid_ <= 0 || reaped_) return;
+    ::kill(pid_, SIGTERM);
+    const auto deadline = std::chrono::steady_clock::now() + 10s;
+    while (std::chrono::steady_clock::now() < deadline && !exited()) {
+      std::this_thread::sleep_for(10ms);
+    }
+    if (!reaped_) {
+      ::kill(pid_, SIGKILL);
+      int status = 0;
+      ::waitpid(pid_, &status, 0);
+    }
+    std::error_code ignored;
+    std::filesystem::remove(log_path_, ignored);
+  }
+
+  int port() const { return port_; }
+  bool exited() {
+    if (reaped_) return true;
+    int status = 0;
+    if (::waitpid(pid_, &status, WNOHANG) == pid_) {
+      reaped_ = true;
+      status_ = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+    }
+    return reaped_;
+  }
+  std::string log() const {
+    std::ifstream in(log_path_);
+    std::stringstream text;
+    text << in.rdbuf();
+    return text.str();
+  }
+
+ private:
+  RedisServer() = default;
+
+  bool spawn(const std::vector<std::string>& extra, bool defaults = true) {
+    port_ = free_port();
+    log_path_ = (std::filesystem::temp_directory_path() /
+                 ("dma-module-" + std::to_string(::getpid()) + "-" + std::to_string(port_) + ".log"))
+                    .string();
+    std::vector<std::string> arguments = {"redis-server", "--port", std::to_string(port_),
+                                          "--bind", "127.0.0.1", "--save", "", "--appendonly",
+                                          "no", "--loadmodule", module_path()};
+    if (defaults) {
+      for (const char* argument : {"providers", "tcp", "bind", "127.0.0.1"}) {
+        arguments.emplace_back(argument);
+      }
+    }
+    arguments.insert(arguments.end(), extra.begin(), extra.end());
+    std::vector<char*> argv;
+    for (auto& argument : arguments) argv.push_back(argument.data());
+    argv.push_back(nullptr);
+
+    std::vector<std::string> environment;
+    for (char** entry = environ; *entry != nullptr; ++entry) environment.emplace_back(*entry);
+    for (auto& added : sanitizer_environment()) environment.push_back(added);
+    std::vector<char*> envp;
+    for (auto& entry : environment) envp.push_back(entry.data());
+    envp.push_back(nullptr);
+
+    posix_spawn_file_actions_t actions;
+    posix_spawn_file_actions_init(&actions);
+    posix_spawn_file_actions_addopen(&actions, 1, log_path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC,
+                                     0644);
+    posix_spawn_file_actions_adddup2(&actions, 1, 2);
+    const int spawned =
+        ::posix_spawnp(&pid_, "redis-server", &actions, nullptr, argv.data(), envp.data());
+    posix_spawn_file_actions_destroy(&actions);
+    if (spawned != 0) {
+      ADD_FAILURE() << "cannot start redis-server: " << std::strerror(spawned);
+      pid_ = -1;
+      return false;
+    }
+    return true;
+  }
+
+  pid_t pid_ = -1;
+  int port_ = 0;
+  bool reaped_ = false;
+  int status_ = -1;
+  std::string log_path_;
+};
+
+bool sanitizer_cannot_host_the_module() {
+#if defined(__SANITIZE_THREAD__)
+  return true;
+#else
+  return false;
+#endif
+}
+
+// One server for the suite: starting one costs an endpoint open per test otherwise.
+class Module : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    if (sanitizer_cannot_host_the_module()) return;
+    server_ = RedisServer::start().release();
+  }
+  static void TearDownTestSuite() {
+    delete server_;
+    server_ = nullptr;
+  }
+  void SetUp() override {
+    if (sanitizer_cannot_host_the_module()) {
+      GTEST_SKIP() << "ThreadSanitizer cannot instrument a module inside the uninstrumented "
+                      "redis-server (the tsan runtime must own the whole process from exec); "
+                      "the module's threading is covered by the release and asan runs";
+    }
+    ASSERT_NE(nullptr, server_) << "redis-server with the module did not start";
+  }
+
+  int port() const { return server_->port(); }
+
+  std::unique_ptr<Client> client() {
+    auto made = Client::connect("127.0.0.1", port(), loopback("tcp"));
+    EXPECT_TRUE(made) << made.error().describe();
+    if (!made) return nullptr;
+    Status said = (*made)->hello();
+    EXPECT_TRUE(said) << said.error().describe();
+    return said ? std::move(*made) : nullptr;
+  }
+
+  // A raw connection that has said hello with `target`'s address.
+  std::unique_ptr<Connection> session(Target& target) {
+    auto connection = std::make_unique<Connection>(port());
+    EXPECT_TRUE(connection->ok());
+    Reply hello = connection->command({"DMA.HELLO", hex_encode(target.local_address())});
+    EXPECT_TRUE(hello && hello->type == REDIS_REPLY_ARRAY) << error_of(hello);
+    if (hello && hello->type == REDIS_REPLY_ARRAY) {
+      for (std::size_t index = 0; index < hello->elements; ++index) {
+        auto address = hex_decode(std::string_view(hello->element[index]->str,
+                                                   hello->element[index]->len));
+        EXPECT_TRUE(address && target.add_initiator(*address));
+      }
+    }
+    return connection;
+  }
+
+  static std::unique_ptr<Target> open_target() {
+    auto target = Target::open(loopback("tcp"));
+    EXPECT_TRUE(target) << target.error().describe();
+    return target ? std::move(*target) : nullptr;
+  }
+
+  static std::vector<std::string> region_fields(const RemoteRegion& region) {
+    return {std::to_string(region.key), std::to_string(region.address),
+            std::to_string(region.length)};
+  }
+
+  static std::string as_string(const std::vector<std::byte>& bytes) {
+    return std::string(reinterpret_cast<const char*>(bytes.data()), bytes.size());
+  }
+
+  static RedisServer* server_;
+};
+RedisServer* Module::server_ = nullptr;
+
+TEST_F(Module, hello_replies_with_every_service_address_in_hex_and_only_once) {
+  // A client that cannot learn the server's addresses cannot insert its initiator (efa-direct),
+  // and a second hello on one connection must not stack a second session.
+  auto target = open_target();
+  ASSERT_TRUE(target);
+  Connection connection(port());
+  Reply hello = connection.command({"DMA.HELLO", hex_encode(target->local_address())});
+  ASSERT_TRUE(hello);
+  ASSERT_EQ(REDIS_REPLY_ARRAY, hello->type) << error_of(hello);
+  ASSERT_GE(hello->elements, 1u);
+  for (std::size_t index = 0; index < hello->elements; ++index) {
+    ASSERT_EQ(REDIS_REPLY_STRING, hello->element[index]->type);
+    auto address = hex_decode(std::string_view(hello->element[index]->str, hello->element[index]->len));
+    ASSERT_TRUE(address);
+    EXPECT_FALSE(address->empty());
+  }
+  Reply again = connection.command({"DMA.HELLO", hex_encode(target->local_address())});
+  EXPECT_TRUE(contains(error_of(again), "already has a session")) << error_of(again);
+}
+
+TEST_F(Module, hello_refuses_bad_hex_and_unusable_addresses) {
+  // A malformed address must be refused at hello, before any transfer could use it.
+  Connection connection(port());
+  EXPECT_TRUE(contains(error_of(connection.command({"DMA.HELLO", "zz"})), "hex"));
+  EXPECT_TRUE(contains(error_of(connection.command({"DMA.HELLO", "abc"})), "ERR"));
+  EXPECT_TRUE(contains(error_of(connection.command({"DMA.HELLO", ""})), "ERR"));
+  EXPECT_TRUE(contains(error_of(connection.command({"DMA.HELLO", std::string(32, 'f')})), "ERR"));
+  // The connection has no session after a refused hello.
+  EXPECT_TRUE(contains(error_of(connection.command({"DMA.GET", "k", "1", "0", "8"})), "no session"));
+}
+
+TEST_F(Module, set_then_get_round_trips_every_size) {
+  // The core promise: what DMA.SET stores, plain GET and DMA.GET return byte for byte, from an
+  // empty value to 64 MiB.
+  auto dma = client();
+  ASSERT_TRUE(dma);
+  Connection plain(port());
+  std::uint32_t seed = 1;
+  for (std::size_t size : {std::size_t{0}, std::size_t{1}, std::size_t{4096}, std::size_t{1} << 20,
+                           std::size_t{64} << 20}) {
+    SCOPED_TRACE("size " + std::to_string(size));
+    const std::string key = "round-trip-" + std::to_string(size);
+    const auto value = pattern(size, seed++);
+    Status stored = dma->set(key, value);
+    ASSERT_TRUE(stored) << stored.error().describe();
+    Reply got = plain.command({"GET", key});
+    ASSERT_TRUE(got);
+    ASSERT_EQ(REDIS_REPLY_STRING, got->type);
+    ASSERT_EQ(size, got->len);
+    EXPECT_EQ(0, std::memcmp(got->str, value.data(), size)) << "GET must return the bytes read";
+    std::vector<std::byte> buffer(size + 16, std::byte{0x5a});
+    auto read = dma->get(key, buffer);
+    ASSERT_TRUE(read) << read.error().describe();
+    ASSERT_TRUE(read->has_value());
+    ASSERT_EQ(size, **read);
+    EXPECT_EQ(0, std::memcmp(buffer.data(), value.data(), size));
+    EXPECT_EQ(std::byte{0x5a}, buffer[size]) << "nothing may be written past the value";
+  }
+}
+
+TEST_F(Module, dma_get_returns_a_value_stored_by_plain_set) {
+  // Values written by ordinary clients (including integer-encoded ones) must be readable.
+  auto dma = client();
+  ASSERT_TRUE(dma);
+  Connection plain(port());
+  ASSERT_TRUE(plain.command({"SET", "plain-key", "hello, fabric"}));
+  ASSERT_TRUE(plain.command({"SET", "plain-number", "12345"}));
+  std::vector<std::byte> buffer(64);
+  auto read = dma->get("plain-key", buffer);
+  ASSERT_TRUE(read) << read.error().describe();
+  ASSERT_EQ(13u, read->value());
+  EXPECT_EQ("hello, fabric", std::string(reinterpret_cast<char*>(buffer.data()), 13));
+  read = dma->get("plain-number", buffer);
+  ASSERT_TRUE(read) << read.error().describe();
+  ASSERT_EQ(5u, read->value());
+  EXPECT_EQ("12345", std::string(reinterpret_cast<char*>(buffer.data()), 5));
+}
+
+TEST_F(Module, dma_get_of_a_missing_key_is_nil) {
+  // A missing key must read as nil, not as an empty value or an error.
+  auto dma = client();
+  ASSERT_TRUE(dma);
+  std::vector<std::byte> buffer(16);
+  auto read = dma->get("no-such-key", buffer);
+  ASSERT_TRUE(read) << read.error().describe();
+  EXPECT_FALSE(read->has_value());
+}
+
+TEST_F(Module, dma_get_of_a_list_is_wrongtype) {
+  // Only strings have bytes to move; anything else is the usual WRONGTYPE.
+  auto target = open_target();
+  ASSERT_TRUE(target);
+  auto connection = session(*target);
+  ASSERT_TRUE(connection->command({"RPUSH", "a-list", "x"}));
+  std::vector<std::byte> buffer(64);
+  auto exposed = target->expose(buffer.data(), buffer.size());
+  ASSERT_TRUE(exposed);
+  std::vector<std::string> command = {"DMA.GET", "a-list"};
+  for (auto& field : region_fields(exposed->whole())) command.push_back(field);
+  EXPECT_TRUE(contains(error_of(connection->command(command)), "WRONGTYPE"));
+}
+
+TEST_F(Module, a_crc_mismatch_fails_the_set_and_leaves_the_key_untouched) {
+  // Bytes that do not match the client's checksum must never replace a good value.
+  auto target = open_target();
+  ASSERT_TRUE(target);
+  auto connection = session(*target);
+  ASSERT_TRUE(connection->command({"SET", "guarded", "original"}));
+  auto bytes = pattern(1000, 7);
+  auto exposed = target->expose(bytes.data(), bytes.size());
+  ASSERT_TRUE(exposed);
+  const std::uint32_t wrong = crc32c(bytes) ^ 1u;
+  std::vector<std::string> command = {"DMA.SET", "guarded", "1000", "CRC", std::to_string(wrong)};
+  for (auto& field : region_fields(exposed->whole())) command.push_back(field);
+  EXPECT_TRUE(contains(error_of(connection->command(command)), "CRC32C mismatch"));
+  Reply value = connection->command({"GET", "guarded"});
+  ASSERT_TRUE(value && value->type == REDIS_REPLY_STRING);
+  EXPECT_EQ("original", std::string(value->str, value->len));
+
+  command[4] = std::to_string(crc32c(bytes));
+  Reply stored = connection->command(command);
+  ASSERT_TRUE(stored && stored->type == REDIS_REPLY_ARRAY) << error_of(stored);
+  value = connection->command({"GET", "guarded"});
+  EXPECT_EQ(as_string(bytes), std::string(value->str, value->len));
+}
+
+TEST_F(Module, multi_region_transfers_fill_and_drain_regions_in_order) {
+  // A value spread over several regions must land in (and be read from) them in the order
+  // given, each region filled before the next.
+  auto target = open_target();
+  ASSERT_TRUE(target);
+  auto connection = session(*target);
+  std::vector<std::byte> memory(300, std::byte{0});
+  auto exposed = target->expose(memory.data(), memory.size());
+  ASSERT_TRUE(exposed);
+  const auto value = pattern(250, 9);
+  ASSERT_TRUE(connection->command({"SET", "spread", as_string(value)}));
+  // Regions: [200, 300), [0, 100), [100, 200) -- the value fills them in that order.
+  std::vector<std::string> command = {"DMA.GET", "spread"};
+  for (auto region : {exposed->region(200, 100), exposed->region(0, 100), exposed->region(100, 100)}) {
+    for (auto& field : region_fields(region)) command.push_back(field);
+  }
+  Reply got = connection->command(command);
+  ASSERT_TRUE(got && got->type == REDIS_REPLY_ARRAY) << error_of(got);
+  EXPECT_EQ(250, got->element[0]->integer);
+  EXPECT_EQ(0, std::memcmp(memory.data() + 200, value.data(), 100));
+  EXPECT_EQ(0, std::memcmp(memory.data(), value.data() + 100, 100));
+  EXPECT_EQ(0, std::memcmp(memory.data() + 100, value.data() + 200, 50));
+
+  // And back: DMA.SET reads the regions in the order given.
+  command = {"DMA.SET", "spread-back", "250"};
+  for (auto region : {exposed->region(200, 100), exposed->region(0, 100), exposed->region(100, 100)}) {
+    for (auto& field : region_fields(region)) command.push_back(field);
+  }
+  Reply stored = connection->command(command);
+  ASSERT_TRUE(stored && stored->type == REDIS_REPLY_ARRAY) << error_of(stored);
+  Reply back = connection->command({"GET", "spread-back"});
+  ASSERT_TRUE(back && back->type == REDIS_REPLY_STRING);
+  EXPECT_EQ(as_string(value), std::string(back->str, back->len));
+}
+
+TEST_F(Module, several_clients_at_once_each_get_their_own_values) {
+  // Sessions are per connection: concurrent clients must never see each other's bytes.
+  constexpr int kClients = 4;
+  constexpr int kRounds = 10;
+  std::vector<std::thread> threads;
+  std::vector<std::string> failures(kClients);
+  for (int index = 0; index < kClients; ++index) {
+    threads.emplace_back([&, index] {
+      auto made = Client::connect("127.0.0.1", port(), loopback("tcp"));
+      if (!made || !(*made)->hello()) {
+        failures[index] = "could not connect";
+        return;
+      }
+      for (int round = 0; round < kRounds; ++round) {
+        const std::string key = "concurrent-" + std::to_string(index) + "-" + std::to_string(round);
+        const auto value = pattern(65536 + index, 100 * index + round);
+        if (Status stored = (*made)->set(key, value); !stored) {
+          failures[index] = stored.error().describe();
+          return;
+        }
+        std::vector<std::byte> buffer(value.size());
+        auto read = (*made)->get(key, buffer);
+        if (!read || !read->has_value() || buffer != value) {
+          failures[index] = "round " + std::to_string(round) + " read back wrong";
+          return;
+        }
+      }
+    });
+  }
+  for (auto& thread : threads) thread.join();
+  for (int index = 0; index < kClients; ++index) EXPECT_EQ("", failures[index]) << "client " << index;
+}
+
+TEST_F(Module, overwriting_or_deleting_during_dma_get_still_delivers_the_old_bytes) {
+  // The write must carry the value as it was when DMA.GET ran: the key's memory may be freed
+  // or rewritten by the next command while the write is still on the wire.
+  auto target = open_target();
+  ASSERT_TRUE(target);
+  auto connection = session(*target);
+  Connection other(port());
+  const std::size_t size = std::size_t{32} << 20;
+  const auto old_value = pattern(size, 21);
+  ASSERT_TRUE(connection->command({"SET", "changing", as_string(old_value)}));
+  std::vector<std::byte> memory(size);
+  auto exposed = target->expose(memory.data(), memory.size());
+  ASSERT_TRUE(exposed);
+  std::vector<std::string> command = {"DMA.GET", "changing"};
+  for (auto& field : region_fields(exposed->whole())) command.push_back(field);
+  connection->send(command);
+  // The DMA.GET is ahead of these on the server (it was written first and the server is
+  // single-threaded), so they run while its write is in flight or after it.
+  ASSERT_TRUE(other.command({"SET", "changing", as_string(pattern(size, 22))}));
+  ASSERT_TRUE(other.command({"DEL", "changing"}));
+  Reply got = connection->receive();
+  ASSERT_TRUE(got && got->type == REDIS_REPLY_ARRAY) << error_of(got);
+  EXPECT_EQ(static_cast<long long>(size), got->element[0]->integer);
+  EXPECT_EQ(static_cast<long long>(crc32c(old_value)), got->element[1]->integer);
+  EXPECT_TRUE(memory == old_value);
+}
+
+TEST_F(Module, transfers_without_a_hello_are_refused) {
+  // Without a session the server has no address to write to.
+  Connection connection(port());
+  EXPECT_TRUE(contains(error_of(connection.command({"DMA.GET", "k", "1", "0", "8"})), "no session"));
+  EXPECT_TRUE(contains(error_of(connection.command({"DMA.SET", "k", "8", "1", "0", "8"})),
+                       "no session"));
+}
+
+TEST_F(Module, malformed_commands_are_refused_precisely) {
+  // Every malformed argument must fail with its own reason and never reach the fabric.
+  auto target = open_target();
+  ASSERT_TRUE(target);
+  auto connection = session(*target);
+  ASSERT_TRUE(connection->command({"SET", "hundred", std::string(100, 'x')}));
+  std::vector<std::byte> memory(4096);
+  auto exposed = target->expose(memory.data(), memory.size());
+  ASSERT_TRUE(exposed);
+  const std::string key = std::to_string(exposed->advertisement().key);
+  const std::string base = std::to_string(exposed->advertisement().remote_address);
+  struct Case {
+    std::vector<std::string> command;
+    std::string expect;
+  };
+  std::vector<std::string> too_many = {"DMA.GET", "hundred"};
+  for (int index = 0; index < 257; ++index) {
+    too_many.insert(too_many.end(), {key, base, "1"});
+  }
+  const std::vector<Case> cases = {
+      {{"DMA.GET", "hundred", key, base}, "wrong number of arguments"},
+      {{"DMA.GET", "hundred", key, base, "10", "1"}, "wrong number of arguments"},
+      {{"DMA.SET", "hundred", "5", key, base}, "wrong number of arguments"},
+      {{"DMA.HELLO"}, "wrong number of arguments"},
+      {{"DMA.INFO", "extra"}, "wrong number of arguments"},
+      {{"DMA.GET", "hundred", "abc", base, "100"}, "rkey"},
+      {{"DMA.GET", "hundred", key, "-1", "100"}, "addr"},
+      {{"DMA.GET", "hundred", key, base, "18446744073709551616"}, "len"},
+      {{"DMA.GET", "hundred", key, base, "+100"}, "len"},
+      {{"DMA.GET", "hundred", key, base, "0"}, "zero length"},
+      {{"DMA.GET", "hundred", key, "18446744073709551615", "2"}, "overflows"},
+      {{"DMA.GET", "hundred", key, base, "50"}, "fewer than the value's 100"},
+      {{"DMA.SET", "hundred", "100", key, base, "50"}, "fewer than the 100"},
+      {{"DMA.SET", "hundred", "x", key, base, "50"}, "length"},
+      {{"DMA.SET", "hundred", "10", "CRC", "4294967296", key, base, "50"}, "32 bits"},
+      {{"DMA.SET", "hundred", "10", "CRC", "-1", key, base, "50"}, "crc32c"},
+      {{"DMA.SET", "hundred", "536870913", key, base, "4096"}, "max-value-size"},
+      {too_many, "at most 256"},
+  };
+  for (const Case& bad : cases) {
+    std::string shown;
+    for (std::size_t index = 0; index < std::min<std::size_t>(bad.command.size(), 8); ++index) {
+      shown += bad.command[index] + " ";
+    }
+    SCOPED_TRACE(shown);
+    const std::string error = error_of(connection->command(bad.command));
+    EXPECT_TRUE(contains(error, bad.expect)) << error;
+  }
+  Reply value = connection->command({"GET", "hundred"});
+  ASSERT_TRUE(value && value->type == REDIS_REPLY_STRING);
+  EXPECT_EQ(std::string(100, 'x'), std::string(value->str, value->len)) << "no refusal may write";
+}
+
+TEST_F(Module, a_failed_read_never_changes_the_key) {
+  // A SET whose read fails (here: a key the target never exposed) must leave the key alone.
+  auto target = open_target();
+  ASSERT_TRUE(target);
+  auto connection = session(*target);
+  ASSERT_TRUE(connection->command({"SET", "kept", "before"}));
+  std::vector<std::byte> memory(64);
+  auto exposed = target->expose(memory.data(), memory.size());
+  ASSERT_TRUE(exposed);
+  const std::string bogus_key = std::to_string(exposed->advertisement().key + 1000);
+  Reply failed = connection->command({"DMA.SET", "kept", "64", bogus_key,
+                                      std::to_string(exposed->advertisement().remote_address), "64"});
+  ASSERT_TRUE(failed);
+  EXPECT_EQ(REDIS_REPLY_ERROR, failed->type);
+  Reply value = connection->command({"GET", "kept"});
+  ASSERT_TRUE(value && value->type == REDIS_REPLY_STRING);
+  EXPECT_EQ("before", std::string(value->str, value->len));
+}
+
+TEST_F(Module, transfers_cannot_run_inside_multi) {
+  // A blocking command inside MULTI would never get its reply; it must be refused instead.
+  auto target = open_target();
+  ASSERT_TRUE(target);
+  auto connection = session(*target);
+  ASSERT_TRUE(connection->command({"MULTI"}));
+  connection->command({"DMA.GET", "anything", "1", "0", "8"});
+  Reply executed = connection->command({"EXEC"});
+  ASSERT_TRUE(executed && executed->type == REDIS_REPLY_ARRAY);
+  ASSERT_EQ(1u, executed->elements);
+  EXPECT_EQ(REDIS_REPLY_ERROR, executed->element[0]->type);
+}
+
+TEST_F(Module, a_client_disconnecting_mid_transfer_leaves_the_server_serving) {
+  // A blocked client that vanishes must not crash the server, leak its session or strand its
+  // transfer; the next client must be served normally.
+  {
+    auto target = open_target();
+    ASSERT_TRUE(target);
+    Connection watcher(port());
+    const long long sessions_before = info_field(watcher, "sessions");
+    const long long finished_before = info_field(watcher, "transfers_to_clients") +
+                                      info_field(watcher, "transfers_from_clients") +
+                                      info_field(watcher, "errors");
+    auto connection = session(*target);
+    const std::size_t size = std::size_t{32} << 20;
+    ASSERT_TRUE(connection->command({"SET", "big-for-disconnect", std::string(size, 'q')}));
+    std::vector<std::byte> memory(size);
+    auto exposed = target->expose(memory.data(), memory.size());
+    ASSERT_TRUE(exposed);
+    std::vector<std::string> get = {"DMA.GET", "big-for-disconnect"};
+    for (auto& field : region_fields(exposed->whole())) get.push_back(field);
+    connection->send(get);
+    std::vector<std::string> set = {"DMA.SET", "set-for-disconnect", std::to_string(size)};
+    for (auto& field : region_fields(exposed->whole())) set.push_back(field);
+    connection->send(set);
+    connection->close();
+    // Keep the target and its memory until the server is done with them (below).
+    const auto deadline = std::chrono::steady_clock::now() + 60s;
+    bool drained = false;
+    while (!drained && std::chrono::steady_clock::now() < deadline) {
+      const long long finished = info_field(watcher, "transfers_to_clients") +
+                                 info_field(watcher, "transfers_from_clients") +
+                                 info_field(watcher, "errors");
+      drained = finished >= finished_before + 2 && info_field(watcher, "in_flight") == 0 &&
+                info_field(watcher, "sessions") <= sessions_before;
+      if (!drained) std::this_thread::sleep_for(20ms);  // polling the server's counters
+    }
+    ASSERT_TRUE(drained) << "the abandoned transfers never finished, or the session outlived "
+                            "its connection";
+  }
+  auto dma = client();
+  ASSERT_TRUE(dma);
+  const auto value = pattern(4096, 33);
+  ASSERT_TRUE(dma->set("after-disconnect", value));
+  std::vector<std::byte> buffer(4096);
+  auto read = dma->get("after-disconnect", buffer);
+  ASSERT_TRUE(read && read->has_value());
+  EXPECT_TRUE(buffer == value);
+}
+
+TEST_F(Module, info_reports_sessions_and_traffic) {
+  // Operators need the counters: INFO dma and DMA.INFO must report sessions and bytes moved.
+  auto dma = client();
+  ASSERT_TRUE(dma);
+  ASSERT_TRUE(dma->set("counted", pattern(1000, 5)));
+  Connection connection(port());
+  Reply info = connection.command({"INFO", "dma"});
+  ASSERT_TRUE(info);
+  const std::string text(info->str, info->len);
+  for (const char* field : {"dma_sessions:", "dma_transfers_to_clients:", "dma_transfers_from_clients:",
+                            "dma_bytes_to_clients:", "dma_bytes_from_clients:", "dma_errors:",
+                            "dma_in_flight:"}) {
+    EXPECT_TRUE(contains(text, field)) << field << " missing from\n" << text;
+  }
+  EXPECT_FALSE(contains(text, "dma_bytes_from_clients:0\r")) << text;
+  Reply described = connection.command({"DMA.INFO"});
+  ASSERT_TRUE(described && described->type == REDIS_REPLY_ARRAY) << error_of(described);
+  ASSERT_EQ(16u, described->elements);
+  EXPECT_EQ("endpoints", std::string(described->element[14]->str, described->element[14]->len));
+  ASSERT_EQ(REDIS_REPLY_ARRAY, described->element[15]->type);
+  ASSERT_GE(described->element[15]->elements, 1u);
+  const redisReply* endpoint = described->element[15]->element[0];
+  ASSERT_EQ(REDIS_REPLY_ARRAY, endpoint->type);
+  EXPECT_TRUE(contains(std::string(endpoint->element[3]->str, endpoint->element[3]->len), "tcp"));
+}
+
+TEST(ModuleLoad, a_bad_module_argument_fails_the_load_and_names_it) {
+  // A typo in the module's arguments must stop the server at startup with the argument named,
+  // not run with a silently different configuration.
+  if (sanitizer_cannot_host_the_module()) GTEST_SKIP() << "tsan: see Module::SetUp";
+  struct Case {
+    std::vector<std::string> arguments;
+    std::string expect;
+  };
+  const std::vector<Case> cases = {
+      {{"providers", "tcp", "bogus-option", "1"}, "bogus-option"},
+      {{"providers", "tcp", "max-in-flight", "abc"}, "max-in-flight"},
+      {{"providers", "tcp", "crc-threads", "-1"}, "crc-threads"},
+      {{"providers", "tcp", "services-per-domain"}, "services-per-domain"},
+      {{"providers", "no-such-provider", "bind", "127.0.0.1"}, "no-such-provider"},
+  };
+  for (const Case& bad : cases) {
+    SCOPED_TRACE(bad.expect);
+    std::string log;
+    const int status = RedisServer::run_to_exit(bad.arguments, log);
+    EXPECT_NE(0, status) << log;
+    EXPECT_NE(-1, status) << "the server kept running:\n" << log;
+    EXPECT_TRUE(contains(log, bad.expect)) << log;
+  }
+}
+
+TEST(ModuleCore, load_arguments_parse_into_the_configuration) {
+  // The documented argument names must reach the configuration the services open with.
+  const std::vector<std::string> arguments = {
+      "providers", "tcp,shm", "interfaces", "lo", "services-per-domain", "2",
+      "max-in-flight", "32", "progress-deadline-ms", "250", "max-value-size", "1024",
+      "crc-threads", "3", "bind", "127.0.0.1"};
+  auto options = module::parse_module_arguments(arguments);
+  ASSERT_TRUE(options) << options.error().describe();
+  EXPECT_EQ((std::vector<std::string>{"tcp", "shm"}), options->configuration.providers);
+  EXPECT_EQ((std::vector<std::string>{"lo"}), options->configuration.interfaces);
+  EXPECT_EQ(2u, options->services_per_domain);
+  EXPECT_EQ(32u, options->configuration.max_in_flight);
+  EXPECT_EQ(250, options->configuration.progress_deadline.count());
+  EXPECT_EQ(1024u, options->max_value_size);
+  EXPECT_EQ(3u, options->configuration.crc_threads);
+  EXPECT_EQ("127.0.0.1", options->configuration.bind.value());
+  EXPECT_EQ(module::kDefaultMaxValueSize, module::parse_module_arguments({})->max_value_size);
+}
+
+}  // namespace
+}  // namespace dma
