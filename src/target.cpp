@@ -127,6 +127,16 @@ Result<Exposed> Target::expose(void* data, std::size_t length) {
                  length);
 }
 
+void Target::synchronize() {
+  std::lock_guard lock(impl_->mutex);
+  std::array<fi_cq_entry, 16> entries;
+  if (fi_cq_read(impl_->endpoint->completion_queue(), entries.data(), entries.size()) ==
+      -FI_EAVAIL) {
+    fi_cq_err_entry failure{};
+    fi_cq_readerr(impl_->endpoint->completion_queue(), &failure, 0);
+  }
+}
+
 Status Target::add_initiator(std::span<const std::uint8_t> address) {
   std::lock_guard lock(impl_->mutex);
   const auto format = internal::address_format_from(impl_->endpoint->info()->addr_format);

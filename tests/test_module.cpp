@@ -11,6 +11,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
 #include <cstdio>
 #include <cstring>
@@ -66,13 +67,16 @@ int free_port() {
 }
 
 // What the sanitizer builds must add to the uninstrumented redis-server's environment so it
-// can load an instrumented module: the runtime has to be loaded first.
+// can load an instrumented module: the runtime has to be loaded first. Reports from inside the
+// server land in its log, which Module::TearDownTestSuite checks (tsan does not halt there).
 std::vector<std::string> sanitizer_environment() {
 #if defined(__SANITIZE_ADDRESS__)
   return {"LD_PRELOAD=" + run_output("gcc -print-file-name=libasan.so"),
           "ASAN_OPTIONS=detect_leaks=0"};
 #elif defined(__SANITIZE_THREAD__)
-  return {};
+  return {"LD_PRELOAD=" + run_output("gcc -print-file-name=libtsan.so"),
+          "TSAN_OPTIONS=halt_on_error=0:report_signal_unsafe=0:suppressions=" +
+              std::string(DMA_SOURCE_DIR) + "/tests/tsan.supp"};
 #else
   return {};
 #endif
@@ -187,7 +191,10 @@ class RedisServer {
     return -1;
   }
 
-  ~RedisServer() {
+  ~RedisServer() { stop(); }
+
+  // Stops the server (SIGTERM, then SIGKILL past a deadline) and reaps it.
+  void stop() {
     if (pid_ <= 0 || reaped_) return;
     ::kill(pid_, SIGTERM);
     const auto deadline = std::chrono::steady_clock::now() + 10s;
@@ -199,8 +206,7 @@ class RedisServer {
       int status = 0;
       ::waitpid(pid_, &status, 0);
     }
-    std::error_code ignored;
-    std::filesystem::remove(log_path_, ignored);
+    reaped_ = true;
   }
 
   int port() const { return port_; }
@@ -222,6 +228,13 @@ class RedisServer {
 
  private:
   RedisServer() = default;
+  struct LogRemover {
+    std::string* path;
+    ~LogRemover() {
+      std::error_code ignored;
+      if (!path->empty()) std::filesystem::remove(*path, ignored);
+    }
+  };
 
   bool spawn(const std::vector<std::string>& extra, bool defaults = true) {
     port_ = free_port();
@@ -241,9 +254,17 @@ class RedisServer {
     for (auto& argument : arguments) argv.push_back(argument.data());
     argv.push_back(nullptr);
 
+    // The sanitizer variables replace inherited ones (getenv sees the first of duplicates).
+    const std::vector<std::string> added = sanitizer_environment();
     std::vector<std::string> environment;
-    for (char** entry = environ; *entry != nullptr; ++entry) environment.emplace_back(*entry);
-    for (auto& added : sanitizer_environment()) environment.push_back(added);
+    for (char** entry = environ; *entry != nullptr; ++entry) {
+      const std::string_view inherited(*entry);
+      const bool replaced = std::any_of(added.begin(), added.end(), [&](const std::string& mine) {
+        return inherited.substr(0, inherited.find('=') + 1) == mine.substr(0, mine.find('=') + 1);
+      });
+      if (!replaced) environment.emplace_back(inherited);
+    }
+    environment.insert(environment.end(), added.begin(), added.end());
     std::vector<char*> envp;
     for (auto& entry : environment) envp.push_back(entry.data());
     envp.push_back(nullptr);
@@ -269,33 +290,29 @@ class RedisServer {
   bool reaped_ = false;
   int status_ = -1;
   std::string log_path_;
+  LogRemover remove_log_{&log_path_};  // declared last: runs after stop() in the destructor
 };
 
-bool sanitizer_cannot_host_the_module() {
-#if defined(__SANITIZE_THREAD__)
-  return true;
-#else
-  return false;
-#endif
-}
 
 // One server for the suite: starting one costs an endpoint open per test otherwise.
 class Module : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    if (sanitizer_cannot_host_the_module()) return;
     server_ = RedisServer::start().release();
   }
   static void TearDownTestSuite() {
+    if (server_ == nullptr) return;
+    server_->stop();
+    // Under asan the module's errors surface in the server's log, not in this process.
+    const std::string log = server_->log();
+    for (const char* report : {"ERROR: AddressSanitizer", "runtime error:", "WARNING: ThreadSanitizer",
+                               "Guru Meditation", "crashed by signal"}) {
+      EXPECT_FALSE(contains(log, report)) << "redis-server reported a problem:\n" << log;
+    }
     delete server_;
     server_ = nullptr;
   }
   void SetUp() override {
-    if (sanitizer_cannot_host_the_module()) {
-      GTEST_SKIP() << "ThreadSanitizer cannot instrument a module inside the uninstrumented "
-                      "redis-server (the tsan runtime must own the whole process from exec); "
-                      "the module's threading is covered by the release and asan runs";
-    }
     ASSERT_NE(nullptr, server_) << "redis-server with the module did not start";
   }
 
@@ -394,13 +411,14 @@ TEST_F(Module, set_then_get_round_trips_every_size) {
     ASSERT_TRUE(got);
     ASSERT_EQ(REDIS_REPLY_STRING, got->type);
     ASSERT_EQ(size, got->len);
-    EXPECT_EQ(0, std::memcmp(got->str, value.data(), size)) << "GET must return the bytes read";
+    EXPECT_TRUE(size == 0 || std::memcmp(got->str, value.data(), size) == 0)
+        << "GET must return the bytes read";
     std::vector<std::byte> buffer(size + 16, std::byte{0x5a});
     auto read = dma->get(key, buffer);
     ASSERT_TRUE(read) << read.error().describe();
     ASSERT_TRUE(read->has_value());
     ASSERT_EQ(size, **read);
-    EXPECT_EQ(0, std::memcmp(buffer.data(), value.data(), size));
+    EXPECT_TRUE(size == 0 || std::memcmp(buffer.data(), value.data(), size) == 0);
     EXPECT_EQ(std::byte{0x5a}, buffer[size]) << "nothing may be written past the value";
   }
 }
@@ -678,10 +696,8 @@ TEST_F(Module, a_client_disconnecting_mid_transfer_leaves_the_server_serving) {
     ASSERT_TRUE(exposed);
     std::vector<std::string> get = {"DMA.GET", "big-for-disconnect"};
     for (auto& field : region_fields(exposed->whole())) get.push_back(field);
+    // A blocked client runs one command at a time, so one transfer is all it can leave behind.
     connection->send(get);
-    std::vector<std::string> set = {"DMA.SET", "set-for-disconnect", std::to_string(size)};
-    for (auto& field : region_fields(exposed->whole())) set.push_back(field);
-    connection->send(set);
     connection->close();
     // Keep the target and its memory until the server is done with them (below).
     const auto deadline = std::chrono::steady_clock::now() + 60s;
@@ -690,12 +706,17 @@ TEST_F(Module, a_client_disconnecting_mid_transfer_leaves_the_server_serving) {
       const long long finished = info_field(watcher, "transfers_to_clients") +
                                  info_field(watcher, "transfers_from_clients") +
                                  info_field(watcher, "errors");
-      drained = finished >= finished_before + 2 && info_field(watcher, "in_flight") == 0 &&
+      drained = finished >= finished_before + 1 && info_field(watcher, "in_flight") == 0 &&
                 info_field(watcher, "sessions") <= sessions_before;
       if (!drained) std::this_thread::sleep_for(20ms);  // polling the server's counters
     }
     ASSERT_TRUE(drained) << "the abandoned transfers never finished, or the session outlived "
-                            "its connection";
+                            "its connection: sessions "
+                         << info_field(watcher, "sessions") << " (before " << sessions_before
+                         << "), in flight " << info_field(watcher, "in_flight") << ", finished "
+                         << info_field(watcher, "transfers_to_clients") << "+"
+                         << info_field(watcher, "transfers_from_clients") << "+"
+                         << info_field(watcher, "errors") << " (before " << finished_before << ")";
   }
   auto dma = client();
   ASSERT_TRUE(dma);
@@ -736,7 +757,6 @@ TEST_F(Module, info_reports_sessions_and_traffic) {
 TEST(ModuleLoad, a_bad_module_argument_fails_the_load_and_names_it) {
   // A typo in the module's arguments must stop the server at startup with the argument named,
   // not run with a silently different configuration.
-  if (sanitizer_cannot_host_the_module()) GTEST_SKIP() << "tsan: see Module::SetUp";
   struct Case {
     std::vector<std::string> arguments;
     std::string expect;

@@ -121,6 +121,8 @@ std::string answer(dma::Target& target, std::span<std::byte> buffer, const std::
   for (std::string word; split >> word;) words.push_back(word);
   if (words.empty()) return "error: empty command";
   const std::string& verb = words[0];
+  // The server's accesses so far before ours.
+  target.synchronize();
   if (verb == "crc") {
     auto range = range_of(buffer, words, 1);
     if (!range) return "error: " + range.error().message();
@@ -134,6 +136,7 @@ std::string answer(dma::Target& target, std::span<std::byte> buffer, const std::
     if (!range) return "error: " + range.error().message();
     if (verb == "fill") {
       dma::tools::fill_pattern(*range, *seed);
+      target.synchronize();  // our writes before the server's next access
       return "ok";
     }
     auto mismatch = dma::tools::find_mismatch(*range, *seed);
@@ -169,6 +172,7 @@ int run_target(const Common& common, std::size_t size, std::optional<std::uint32
     std::cerr << "dma-cli: " << exposed.error().describe() << "\n";
     return kExitFailure;
   }
+  (*target)->synchronize();  // the fill before any server read
   std::cout << dma::to_wire(exposed->advertisement()) << std::endl;
   std::cerr << "dma-cli: target " << (*target)->describe().to_string() << "\n";
 

@@ -87,6 +87,15 @@ class Target {
   // requires the target to know its initiator; elsewhere it is harmless.
   Status add_initiator(std::span<const std::uint8_t> address);
 
+  // Orders this process's own accesses to exposed memory against the provider's. Call it
+  // before touching an exposed buffer yourself (after an RPC reply told you the server's
+  // transfer is done) and again after (before you let a server at it). It drives progress once
+  // under the endpoint lock, which the progress thread (and the provider's own locks) also hold
+  // around their copies, so every copy the provider made happens-before your accesses and yours
+  // before its next ones. On x86 the bytes are already there; ThreadSanitizer and weaker memory
+  // models need the edge.
+  void synchronize();
+
   struct Impl;
 
  private:

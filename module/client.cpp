@@ -1,0 +1,170 @@
+#include "client.hpp"
+
+#include <hiredis/hiredis.h>
+
+#include <cstring>
+
+#include "dma/protocol.hpp"
+
+namespace dma {
+namespace {
+
+struct ReplyDeleter {
+  void operator()(redisReply* reply) const noexcept { freeReplyObject(reply); }
+};
+using Reply = std::unique_ptr<redisReply, ReplyDeleter>;
+
+struct Unreachable {};
+
+// Sends one command and returns its reply; a transport failure or an error reply is an Error.
+Result<Reply> run(redisContext* connection, const std::vector<std::string>& arguments) {
+  std::vector<const char*> pointers;
+  std::vector<std::size_t> lengths;
+  for (const auto& argument : arguments) {
+    pointers.push_back(argument.data());
+    lengths.push_back(argument.size());
+  }
+  Reply reply(static_cast<redisReply*>(redisCommandArgv(
+      connection, static_cast<int>(arguments.size()), pointers.data(), lengths.data())));
+  if (!reply) {
+    return fail(ErrorCode::kUnreachable,
+                std::string("redis connection failed: ") + connection->errstr);
+  }
+  if (reply->type == REDIS_REPLY_ERROR) {
+    return fail(ErrorCode::kInvalidArgument,
+                arguments[0] + " failed: " + std::string(reply->str, reply->len));
+  }
+  return reply;
+}
+
+// [length, crc32c] from DMA.GET or DMA.SET.
+Result<std::pair<std::uint64_t, std::uint32_t>> length_and_crc(const redisReply& reply,
+                                                               std::string_view command) {
+  if (reply.type != REDIS_REPLY_ARRAY || reply.elements != 2 ||
+      reply.element[0]->type != REDIS_REPLY_INTEGER ||
+      reply.element[1]->type != REDIS_REPLY_INTEGER || reply.element[0]->integer < 0 ||
+      reply.element[1]->integer < 0) {
+    return fail(ErrorCode::kInvalidArgument,
+                std::string(command) + " returned something other than [length, crc32c]");
+  }
+  return std::pair{static_cast<std::uint64_t>(reply.element[0]->integer),
+                   static_cast<std::uint32_t>(reply.element[1]->integer)};
+}
+
+std::vector<std::string> with_region(std::vector<std::string> arguments, const Exposed& exposed,
+                                     std::size_t length) {
+  const RemoteRegion region = exposed.region(0, length);
+  arguments.push_back(std::to_string(region.key));
+  arguments.push_back(std::to_string(region.address));
+  arguments.push_back(std::to_string(region.length));
+  return arguments;
+}
+
+}  // namespace
+
+Client::Client(redisContext* connection, std::unique_ptr<Target> target)
+    : connection_(connection), target_(std::move(target)) {}
+
+Client::~Client() { redisFree(connection_); }
+
+Result<std::unique_ptr<Client>> Client::connect(const std::string& host, int port,
+                                                const Configuration& configuration) {
+  return connect(host, port, configuration, Options{});
+}
+
+Result<std::unique_ptr<Client>> Client::connect(const std::string& host, int port,
+                                                const Configuration& configuration,
+                                                Options options) {
+  const timeval timeout{static_cast<time_t>(options.timeout.count() / 1000),
+                        static_cast<suseconds_t>((options.timeout.count() % 1000) * 1000)};
+  redisContext* connection = redisConnectWithTimeout(host.c_str(), port, timeout);
+  if (connection == nullptr) {
+    return fail(ErrorCode::kResourceExhausted, "cannot allocate a redis connection");
+  }
+  if (connection->err != 0) {
+    std::string message = "cannot connect to " + host + ":" + std::to_string(port) + ": " +
+                          connection->errstr;
+    redisFree(connection);
+    return fail(ErrorCode::kUnreachable, std::move(message));
+  }
+  redisSetTimeout(connection, timeout);
+  auto target = Target::open(configuration);
+  if (!target) {
+    redisFree(connection);
+    return fail(std::move(target).error());
+  }
+  return std::unique_ptr<Client>(new Client(connection, std::move(*target)));
+}
+
+Status Client::hello() {
+  auto reply = run(connection_, {"DMA.HELLO", hex_encode(target_->local_address())});
+  if (!reply) return fail(std::move(reply).error());
+  if ((*reply)->type != REDIS_REPLY_ARRAY || (*reply)->elements == 0) {
+    return fail(ErrorCode::kInvalidArgument, "DMA.HELLO returned no server address");
+  }
+  std::vector<std::vector<std::uint8_t>> addresses;
+  for (std::size_t index = 0; index < (*reply)->elements; ++index) {
+    const redisReply* element = (*reply)->element[index];
+    if (element->type != REDIS_REPLY_STRING) {
+      return fail(ErrorCode::kInvalidArgument, "DMA.HELLO returned a non-string address");
+    }
+    auto address = hex_decode(std::string_view(element->str, element->len));
+    if (!address) return fail(std::move(address).error());
+    if (Status added = target_->add_initiator(*address); !added) return added;
+    addresses.push_back(std::move(*address));
+  }
+  server_addresses_ = std::move(addresses);
+  return {};
+}
+
+Result<std::optional<std::size_t>> Client::get(std::string_view key,
+                                               std::span<std::byte> buffer) {
+  // Registering per call keeps the client simple; a caller moving many values should keep one
+  // large exposed buffer instead (registration costs more than a small transfer).
+  std::byte spare{};
+  std::span<std::byte> landing = buffer.empty() ? std::span<std::byte>(&spare, 1) : buffer;
+  auto exposed = target_->expose(landing.data(), landing.size());
+  if (!exposed) return fail(std::move(exposed).error());
+  auto reply =
+      run(connection_, with_region({"DMA.GET", std::string(key)}, *exposed, landing.size()));
+  if (!reply) return fail(std::move(reply).error());
+  if ((*reply)->type == REDIS_REPLY_NIL) return std::optional<std::size_t>();
+  auto answer = length_and_crc(**reply, "DMA.GET");
+  if (!answer) return fail(std::move(answer).error());
+  const auto [length, crc] = *answer;
+  if (length > buffer.size()) {
+    return fail(ErrorCode::kInvalidArgument, "DMA.GET reported more bytes than the buffer holds");
+  }
+  target_->synchronize();  // the server's write before our reads
+  const std::uint32_t landed = crc32c(buffer.first(length));
+  if (landed != crc) {
+    return fail(ErrorCode::kCorrupted, "DMA.GET: the bytes that landed have CRC32C " +
+                                           std::to_string(landed) + ", the server sent " +
+                                           std::to_string(crc));
+  }
+  return std::optional<std::size_t>(length);
+}
+
+Status Client::set(std::string_view key, std::span<const std::byte> value) {
+  std::byte spare{};
+  // The server only reads this memory; Target::expose wants a mutable pointer.
+  void* data = value.empty() ? &spare : const_cast<std::byte*>(value.data());
+  const std::size_t exposed_length = value.empty() ? 1 : value.size();
+  auto exposed = target_->expose(data, exposed_length);
+  if (!exposed) return fail(std::move(exposed).error());
+  target_->synchronize();  // the caller's writes to `value` before the server's read
+  const std::uint32_t crc = crc32c(value);
+  auto reply = run(connection_, with_region({"DMA.SET", std::string(key),
+                                             std::to_string(value.size()), "CRC",
+                                             std::to_string(crc)},
+                                            *exposed, exposed_length));
+  if (!reply) return fail(std::move(reply).error());
+  auto answer = length_and_crc(**reply, "DMA.SET");
+  if (!answer) return fail(std::move(answer).error());
+  if (answer->first != value.size() || answer->second != crc) {
+    return fail(ErrorCode::kCorrupted, "DMA.SET: the server stored a different length or CRC32C");
+  }
+  return {};
+}
+
+}  // namespace dma

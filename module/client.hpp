@@ -1,0 +1,69 @@
+// dma::Client: the client side of the Redis/Valkey module. One hiredis connection and one
+// dma::Target; values move over the fabric (the server writes GETs into and reads SETs out of
+// this process's exposed buffers) while the connection carries only the small commands.
+//
+// Ownership: the Client owns its connection and its Target. Thread-safety: none. A hiredis
+// context must not be shared between threads, and each session is bound to its connection,
+// so use one Client per thread (each opens its own Target and says its own hello).
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "dma/configuration.hpp"
+#include "dma/result.hpp"
+#include "dma/target.hpp"
+
+struct redisContext;
+
+namespace dma {
+
+class Client {
+ public:
+  struct Options {
+    // Bounds every round trip, the transfer included.
+    std::chrono::milliseconds timeout{60000};
+  };
+  // Connects to host:port and opens a Target with `configuration` (the providers must match the
+  // server's). Does not say hello: call hello() before get() or set().
+  static Result<std::unique_ptr<Client>> connect(const std::string& host, int port,
+                                                 const Configuration& configuration);
+  static Result<std::unique_ptr<Client>> connect(const std::string& host, int port,
+                                                 const Configuration& configuration,
+                                                 Options options);
+  ~Client();
+  Client(const Client&) = delete;
+  Client& operator=(const Client&) = delete;
+
+  // DMA.HELLO: registers this target's address with the server and inserts every server
+  // endpoint's address into the target (efa-direct requires it). Once per connection.
+  Status hello();
+
+  // DMA.GET into `buffer`: the value's length, or nullopt if the key does not exist. Fails if
+  // the buffer is too small, and with kCorrupted if the bytes that landed do not match the
+  // server's CRC32C.
+  Result<std::optional<std::size_t>> get(std::string_view key, std::span<std::byte> buffer);
+  // DMA.SET of `value`, with its CRC32C so the server refuses bytes that arrive damaged.
+  Status set(std::string_view key, std::span<const std::byte> value);
+
+  // The server's endpoint addresses from hello(), and this client's target.
+  const std::vector<std::vector<std::uint8_t>>& server_addresses() const noexcept {
+    return server_addresses_;
+  }
+  Target& target() noexcept { return *target_; }
+
+ private:
+  Client(redisContext* connection, std::unique_ptr<Target> target);
+  redisContext* connection_;
+  std::unique_ptr<Target> target_;
+  std::vector<std::vector<std::uint8_t>> server_addresses_;
+};
+
+}  // namespace dma
