@@ -8,6 +8,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -78,6 +79,8 @@ class TransferContext : public Operands {
   void* blocked = nullptr;
   // Set by the batch completer before the context goes back to the main thread.
   std::optional<Outcome> outcome;
+  // When the command handed the transfer over, for the latency counters.
+  std::chrono::steady_clock::time_point started = std::chrono::steady_clock::now();
 
  private:
   TransferContext(Kind kind, std::string key, std::size_t length,
@@ -98,6 +101,22 @@ struct Counters {
   std::atomic<std::uint64_t> bytes_from_clients{0};
   std::atomic<std::uint64_t> errors{0};
   std::atomic<std::uint64_t> in_flight{0};
+  // Command-to-completion latency of finished transfers, in microseconds.
+  std::atomic<std::uint64_t> latency_total_us{0};
+  std::atomic<std::uint64_t> latency_count{0};
+  std::atomic<std::uint64_t> latency_max_us{0};
+  void record_latency(std::uint64_t microseconds) noexcept {
+    latency_total_us.fetch_add(microseconds, std::memory_order_relaxed);
+    latency_count.fetch_add(1, std::memory_order_relaxed);
+    std::uint64_t seen = latency_max_us.load(std::memory_order_relaxed);
+    while (microseconds > seen &&
+           !latency_max_us.compare_exchange_weak(seen, microseconds, std::memory_order_relaxed)) {
+    }
+  }
+  std::uint64_t latency_average_us() const noexcept {
+    const std::uint64_t count = latency_count.load(std::memory_order_relaxed);
+    return count == 0 ? 0 : latency_total_us.load(std::memory_order_relaxed) / count;
+  }
 };
 
 // The error reply text for an Error: "ERR <kind>: <message>" on one line.

@@ -131,6 +131,10 @@ void complete_batch(std::span<Completion> batch) {
       state->counters.errors.fetch_add(1, std::memory_order_relaxed);
     }
     context->outcome = std::move(completion.outcome);
+    state->counters.record_latency(static_cast<std::uint64_t>(
+        std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() -
+                                                              context->started)
+            .count()));
     state->counters.in_flight.fetch_sub(1, std::memory_order_relaxed);
     RedisModule_UnblockClient(static_cast<RedisModuleBlockedClient*>(context->blocked), context);
   }
@@ -323,6 +327,9 @@ void on_info(RedisModuleInfoCtx* ctx, int /*for_crash_report*/) {
   RedisModule_InfoAddFieldULongLong(ctx, "errors", counters.errors.load(std::memory_order_relaxed));
   RedisModule_InfoAddFieldULongLong(ctx, "in_flight",
                                     counters.in_flight.load(std::memory_order_relaxed));
+  RedisModule_InfoAddFieldULongLong(ctx, "latency_avg_us", counters.latency_average_us());
+  RedisModule_InfoAddFieldULongLong(ctx, "latency_max_us",
+                                    counters.latency_max_us.load(std::memory_order_relaxed));
 }
 
 struct CommandSpec {

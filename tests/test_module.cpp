@@ -20,6 +20,7 @@
 #include <sstream>
 #include <thread>
 
+#include "child_process.hpp"
 #include "client.hpp"
 #include "core.hpp"
 #include "dma/protocol.hpp"
@@ -739,10 +740,11 @@ TEST_F(Module, info_reports_sessions_and_traffic) {
   const std::string text(info->str, info->len);
   for (const char* field : {"dma_sessions:", "dma_transfers_to_clients:", "dma_transfers_from_clients:",
                             "dma_bytes_to_clients:", "dma_bytes_from_clients:", "dma_errors:",
-                            "dma_in_flight:"}) {
+                            "dma_in_flight:", "dma_latency_avg_us:", "dma_latency_max_us:"}) {
     EXPECT_TRUE(contains(text, field)) << field << " missing from\n" << text;
   }
   EXPECT_FALSE(contains(text, "dma_bytes_from_clients:0\r")) << text;
+  EXPECT_FALSE(contains(text, "dma_latency_max_us:0\r")) << "a finished transfer takes time\n" << text;
   Reply described = connection.command({"DMA.INFO"});
   ASSERT_TRUE(described && described->type == REDIS_REPLY_ARRAY) << error_of(described);
   ASSERT_EQ(16u, described->elements);
@@ -752,6 +754,36 @@ TEST_F(Module, info_reports_sessions_and_traffic) {
   const redisReply* endpoint = described->element[15]->element[0];
   ASSERT_EQ(REDIS_REPLY_ARRAY, endpoint->type);
   EXPECT_TRUE(contains(std::string(endpoint->element[3]->str, endpoint->element[3]->len), "tcp"));
+}
+
+TEST_F(Module, dma_cli_set_and_get_move_a_file_through_the_module) {
+  // People at a shell use dma-cli get|set; a file stored with one must come back byte for byte
+  // with the other, and be visible to plain GET.
+  const std::string directory = ::testing::TempDir() + "dma-cli-" + std::to_string(::getpid());
+  std::filesystem::create_directories(directory);
+  const std::string in_path = directory + "/in.bin";
+  const std::string out_path = directory + "/out.bin";
+  const auto value = pattern(300000, 42);
+  {
+    std::ofstream out(in_path, std::ios::binary);
+    out.write(reinterpret_cast<const char*>(value.data()), static_cast<std::streamsize>(value.size()));
+  }
+  const std::string cli = DMA_BINARY_DIR "/bin/dma-cli";
+  const std::string port_text = std::to_string(port());
+  testing::Child set({cli, "set", "--provider", "tcp", "--port", port_text, "cli-key", in_path});
+  std::string said;
+  EXPECT_EQ(0, set.finish(&said)) << said;
+  testing::Child get({cli, "get", "--provider", "tcp", "--port", port_text, "cli-key", out_path});
+  EXPECT_EQ(0, get.finish(&said)) << said;
+  std::ifstream back(out_path, std::ios::binary);
+  std::vector<char> bytes((std::istreambuf_iterator<char>(back)), std::istreambuf_iterator<char>());
+  ASSERT_EQ(value.size(), bytes.size());
+  EXPECT_EQ(0, std::memcmp(value.data(), bytes.data(), bytes.size()));
+  testing::Child missing({cli, "get", "--provider", "tcp", "--port", port_text, "no-such-key", out_path},
+                         true);
+  EXPECT_EQ(1, missing.finish(&said));
+  EXPECT_TRUE(contains(said, "no such key")) << said;
+  std::filesystem::remove_all(directory);
 }
 
 TEST(ModuleLoad, a_bad_module_argument_fails_the_load_and_names_it) {
@@ -776,6 +808,44 @@ TEST(ModuleLoad, a_bad_module_argument_fails_the_load_and_names_it) {
     EXPECT_NE(-1, status) << "the server kept running:\n" << log;
     EXPECT_TRUE(contains(log, bad.expect)) << log;
   }
+}
+
+TEST(ModuleServices, several_services_share_the_load_and_a_custom_limit_holds) {
+  // With services-per-domain 2 a hello must name both endpoints, transfers must spread over
+  // them (balancing by outstanding work), and max-value-size must be the configured one.
+  auto server = RedisServer::start({"services-per-domain", "2", "interfaces", "lo",
+                                    "max-value-size", "100000"});
+  ASSERT_TRUE(server);
+  auto made = Client::connect("127.0.0.1", server->port(), loopback("tcp"));
+  ASSERT_TRUE(made) << made.error().describe();
+  auto& dma = *made;
+  ASSERT_TRUE(dma->hello());
+  ASSERT_EQ(2u, dma->server_addresses().size());
+  EXPECT_NE(dma->server_addresses()[0], dma->server_addresses()[1]);
+  for (int index = 0; index < 40; ++index) {
+    const auto value = pattern(50000, static_cast<std::uint32_t>(index));
+    ASSERT_TRUE(dma->set("spread-" + std::to_string(index), value));
+    std::vector<std::byte> back(50000);
+    auto got = dma->get("spread-" + std::to_string(index), back);
+    ASSERT_TRUE(got && got->has_value());
+    ASSERT_TRUE(back == value);
+  }
+  Connection connection(server->port());
+  Reply described = connection.command({"DMA.INFO"});
+  ASSERT_TRUE(described && described->type == REDIS_REPLY_ARRAY) << error_of(described);
+  const redisReply* endpoints = described->element[15];
+  ASSERT_EQ(2u, endpoints->elements);
+  for (std::size_t index = 0; index < 2; ++index) {
+    const redisReply* endpoint = endpoints->element[index];
+    // Pairs: address, description, outstanding, submitted, ...
+    ASSERT_EQ("submitted", std::string(endpoint->element[6]->str, endpoint->element[6]->len));
+    EXPECT_GT(endpoint->element[7]->integer, 0) << "endpoint " << index << " carried nothing";
+  }
+  const auto too_big = pattern(100001, 1);
+  Status refused = dma->set("too-big", too_big);
+  ASSERT_FALSE(refused);
+  EXPECT_TRUE(contains(refused.error().message(), "100000")) << refused.error().message();
+  server->stop();
 }
 
 TEST(ModuleCore, load_arguments_parse_into_the_configuration) {

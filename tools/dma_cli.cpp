@@ -16,7 +16,9 @@
 #include <cinttypes>
 #include <cstdio>
 #include <cstdlib>
+#include <fstream>
 #include <iostream>
+#include <tuple>
 #include <memory>
 #include <optional>
 #include <sstream>
@@ -26,6 +28,7 @@
 #include "dma/configuration.hpp"
 #include "dma/protocol.hpp"
 #include "dma/service.hpp"
+#include "client.hpp"
 #include "dma/target.hpp"
 #include "pattern.hpp"
 
@@ -253,6 +256,65 @@ int run_initiator(const Common& common, const InitiatorOptions& options) {
   return 0;
 }
 
+struct KeyValueOptions {
+  std::string host = "127.0.0.1";
+  int port = 6379;
+  std::string key;
+  std::string file;
+  std::size_t max_size = 64 << 20;
+};
+
+// dma-cli get|set: one value between a file and a redis-server running the dma module.
+int run_key_value(const Common& common, const KeyValueOptions& options, bool is_get) {
+  auto configuration = configuration_of(common);
+  if (!configuration) {
+    std::cerr << "dma-cli: " << configuration.error().describe() << "\n";
+    return kExitUsage;
+  }
+  auto client = dma::Client::connect(options.host, options.port, *configuration);
+  if (!client) {
+    std::cerr << "dma-cli: " << client.error().describe() << "\n";
+    return kExitFailure;
+  }
+  if (dma::Status said = (*client)->hello(); !said) {
+    std::cerr << "dma-cli: DMA.HELLO: " << said.error().describe() << "\n";
+    return kExitFailure;
+  }
+  if (is_get) {
+    std::vector<std::byte> buffer(options.max_size);
+    auto got = (*client)->get(options.key, buffer);
+    if (!got) {
+      std::cerr << "dma-cli: DMA.GET: " << got.error().describe() << "\n";
+      return kExitFailure;
+    }
+    if (!got->has_value()) {
+      std::cerr << "dma-cli: no such key: " << options.key << "\n";
+      return kExitFailure;
+    }
+    std::ofstream out(options.file, std::ios::binary | std::ios::trunc);
+    out.write(reinterpret_cast<const char*>(buffer.data()), static_cast<std::streamsize>(**got));
+    if (!out) {
+      std::cerr << "dma-cli: cannot write " << options.file << "\n";
+      return kExitFailure;
+    }
+    std::printf("%zu bytes -> %s\n", **got, options.file.c_str());
+    return 0;
+  }
+  std::ifstream in(options.file, std::ios::binary);
+  if (!in) {
+    std::cerr << "dma-cli: cannot read " << options.file << "\n";
+    return kExitUsage;
+  }
+  std::vector<char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  dma::Status stored = (*client)->set(options.key, std::as_bytes(std::span<const char>(bytes)));
+  if (!stored) {
+    std::cerr << "dma-cli: DMA.SET: " << stored.error().describe() << "\n";
+    return kExitFailure;
+  }
+  std::printf("%zu bytes <- %s\n", bytes.size(), options.file.c_str());
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -281,6 +343,23 @@ int main(int argc, char** argv) {
   initiator->add_option("--advertisement", options.advertisement,
                         "\"<hex> <key> <addr>\"; default: the first line of stdin");
 
+  Common get_common;
+  Common set_common;
+  KeyValueOptions get_options;
+  KeyValueOptions set_options;
+  CLI::App* get = app.add_subcommand("get", "DMA.GET KEY from a redis-server with the module into FILE");
+  CLI::App* set = app.add_subcommand("set", "DMA.SET KEY on a redis-server with the module from FILE");
+  for (auto [command, common, kv] : {std::tuple{get, &get_common, &get_options},
+                                     std::tuple{set, &set_common, &set_options}}) {
+    add_common(*command, *common);
+    command->add_option("--host", kv->host, "redis-server host")->capture_default_str();
+    command->add_option("--port", kv->port, "redis-server port")->capture_default_str();
+    command->add_option("KEY", kv->key, "the key")->required();
+    command->add_option("FILE", kv->file, "the file to read or write")->required();
+  }
+  get->add_option("--max-size", get_options.max_size, "largest value accepted")
+      ->capture_default_str();
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& error) {
@@ -288,5 +367,7 @@ int main(int argc, char** argv) {
     return code == 0 ? 0 : kExitUsage;
   }
   if (*target) return run_target(target_common, size, fill_seed);
+  if (*get) return run_key_value(get_common, get_options, true);
+  if (*set) return run_key_value(set_common, set_options, false);
   return run_initiator(initiator_common, options);
 }
