@@ -41,6 +41,13 @@ Result<InfoPtr> query_provider(const Configuration& configuration, const std::st
   hints->domain_attr->mr_mode = FI_MR_LOCAL | FI_MR_ALLOCATED | FI_MR_PROV_KEY | FI_MR_VIRT_ADDR;
   hints->domain_attr->threading = FI_THREAD_DOMAIN;
   hints->domain_attr->av_type = FI_AV_TABLE;
+  if (role == Role::kTarget && name.provider == "tcp;ofi_rxm") {
+    // A passive rxm target makes progress on its own thread when asked for automatic data
+    // progress with FI_ATOMIC in its caps (PROVIDERS.md); without it every delivery-complete
+    // write waits for our polling thread to come round several times.
+    hints->caps |= FI_ATOMIC;
+    hints->domain_attr->data_progress = FI_PROGRESS_AUTO;
+  }
   if (provider == "sockets") {
     // sockets' default auto progress costs ~6 ms per op; manual is ~7.6 us (PROVIDERS.md).
     hints->domain_attr->data_progress = FI_PROGRESS_MANUAL;
