@@ -258,6 +258,8 @@ class AwaitedOperands final : public Operands {
     state_->complete(std::move(outcome), std::move(inner_));
     return true;
   }
+  // The caller's context, for a transfer that was never submitted.
+  std::unique_ptr<Operands> release() { return std::move(inner_); }
 
  private:
   std::unique_ptr<Operands> inner_;
@@ -271,11 +273,8 @@ Result<Transfer> FabricService::transfer(TransferRequest&& request) {
   std::unique_ptr<Operands> inner = std::move(request.context);
   request.context = std::make_unique<AwaitedOperands>(std::move(inner), state);
   if (Status submitted = submit(std::move(request)); !submitted) {
-    // Give the caller its own context back.
-    auto* wrapper = static_cast<AwaitedOperands*>(request.context.get());
-    Outcome dummy = fail(ErrorCode::kWorkerGone, "");
-    wrapper->on_complete(dummy);
-    request.context = state->context ? std::move(state->context) : nullptr;
+    // Refused requests are left untouched: give the caller its own context back.
+    request.context = static_cast<AwaitedOperands*>(request.context.get())->release();
     return fail(std::move(submitted).error());
   }
   return Transfer(std::move(state));

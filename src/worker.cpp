@@ -13,21 +13,24 @@ using Clock = std::chrono::steady_clock;
 
 bool Channel::take(std::vector<Message>& out, bool block) {
   if (!block && !pending_.load(std::memory_order_acquire)) {
-    std::lock_guard lock(mutex_);
-    return !closed_;
+    return !closed_.load(std::memory_order_acquire);
   }
   std::unique_lock lock(mutex_);
-  if (block) ready_.wait(lock, [&] { return !queue_.empty() || woken_ || closed_; });
+  if (block) {
+    ready_.wait(lock, [&] {
+      return !queue_.empty() || woken_ || closed_.load(std::memory_order_relaxed);
+    });
+  }
   woken_ = false;
   out.swap(queue_);
   pending_.store(false, std::memory_order_release);
-  return !closed_ || !out.empty();
+  return !closed_.load(std::memory_order_relaxed) || !out.empty();
 }
 
 void Channel::close() {
   {
     std::lock_guard lock(mutex_);
-    closed_ = true;
+    closed_.store(true, std::memory_order_release);
   }
   ready_.notify_all();
 }
@@ -40,10 +43,7 @@ void Channel::wake() {
   ready_.notify_all();
 }
 
-bool Channel::closed() const {
-  std::lock_guard lock(mutex_);
-  return closed_;
-}
+bool Channel::closed() const { return closed_.load(std::memory_order_acquire); }
 
 ServiceCounters AtomicCounters::snapshot() const {
   ServiceCounters out;
@@ -283,7 +283,7 @@ void Worker::post() {
         op->posting_done = op->local_offset == op->length;
         continue;
       }
-      free_pieces_.push_back(piece);
+      release_piece(piece);
       if (code == -FI_EAGAIN) {
         shared_->counters.eagain.fetch_add(1, std::memory_order_relaxed);
         const auto now = Clock::now();
@@ -355,7 +355,7 @@ std::size_t Worker::reap() {
       if (fi_cq_readerr(endpoint_->completion_queue(), &failure, 0) != 1) break;
       auto* piece = static_cast<Piece*>(failure.op_context);
       Op* op = piece->op;
-      free_pieces_.push_back(piece);
+      release_piece(piece);
       --in_flight_;
       --op->in_flight;
       ++total;
@@ -379,7 +379,7 @@ std::size_t Worker::reap() {
     for (ssize_t index = 0; index < count; ++index) {
       auto* piece = static_cast<Piece*>(entries[index].op_context);
       Op* op = piece->op;
-      free_pieces_.push_back(piece);
+      release_piece(piece);
       --in_flight_;
       --op->in_flight;
       if (op->in_flight != 0 || op->queued) continue;
@@ -487,17 +487,11 @@ void Worker::abandon_in_flight() {
   const std::string why = "no completion within the " +
                           std::to_string(configuration_.completion_deadline.count()) +
                           " ms completion deadline at shutdown; the endpoint was closed under it";
-  for (Piece* piece : [&] {
-         std::vector<Piece*> posted;
-         for (auto& owned : pieces_) {
-           if (std::find(free_pieces_.begin(), free_pieces_.end(), owned.get()) == free_pieces_.end()) {
-             posted.push_back(owned.get());
-           }
-         }
-         return posted;
-       }()) {
+  for (auto& owned : pieces_) {
+    Piece* piece = owned.get();
+    if (piece->op == nullptr) continue;  // free
     Op* op = piece->op;
-    free_pieces_.push_back(piece);
+    release_piece(piece);
     --in_flight_;
     if (!op->error) op->error = Error(ErrorCode::kTimedOut, why);
     if (--op->in_flight == 0 && !op->queued) finish(op, fail(*op->error));
@@ -530,6 +524,11 @@ Worker::Op* Worker::acquire_op() {
   op->posting_done = op->queued = op->eagain = false;
   op->error.reset();
   return op;
+}
+
+void Worker::release_piece(Piece* piece) {
+  piece->op = nullptr;
+  free_pieces_.push_back(piece);
 }
 
 Worker::Piece* Worker::acquire_piece(Op* op) {

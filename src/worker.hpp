@@ -67,7 +67,7 @@ class Channel {
   bool push(M&& message) {
     {
       std::lock_guard lock(mutex_);
-      if (closed_) return false;
+      if (closed_.load(std::memory_order_relaxed)) return false;
       queue_.emplace_back(std::forward<M>(message));
       pending_.store(true, std::memory_order_release);
     }
@@ -87,8 +87,8 @@ class Channel {
   std::vector<Message> queue_;
   std::atomic<bool> pending_{false};
   bool woken_ = false;
-  bool closed_ = false;
-  std::chrono::steady_clock::time_point closed_at_;
+  // Written under mutex_, also read without it by take()'s lock-free fast path.
+  std::atomic<bool> closed_{false};
 };
 
 // Counters shared between the worker and readers.
@@ -147,7 +147,7 @@ class Worker {
   struct Op;
   struct Piece {
     fi_context2 context;  // first member: the CQ entry's op_context is this Piece
-    Op* op;
+    Op* op;               // the transfer it belongs to while posted; nullptr while free
   };
   struct Op {
     TransferRequest request;
@@ -189,6 +189,7 @@ class Worker {
   void abandon_in_flight();
   Op* acquire_op();
   Piece* acquire_piece(Op* op);
+  void release_piece(Piece* piece);
 
   std::unique_ptr<Endpoint> endpoint_;
   std::unique_ptr<LocalRegions> regions_;

@@ -30,6 +30,7 @@
 #include "dma/service.hpp"
 #include "client.hpp"
 #include "dma/target.hpp"
+#include "owned_bytes.hpp"
 #include "pattern.hpp"
 
 namespace {
@@ -73,19 +74,7 @@ dma::Result<dma::Configuration> configuration_of(const Common& common) {
   return configuration;
 }
 
-// A transfer's local operand owning its bytes: the source of a write, the landing of a read.
-class OwnedBytes : public dma::Operands {
- public:
-  explicit OwnedBytes(std::vector<std::byte> bytes = {}) : bytes_(std::move(bytes)) {}
-  std::span<const std::byte> source() override { return bytes_; }
-  std::span<std::byte> allocate(std::size_t length) override {
-    bytes_.resize(length);
-    return bytes_;
-  }
-
- private:
-  std::vector<std::byte> bytes_;
-};
+using dma::tools::OwnedBytes;
 
 dma::Result<std::uint32_t> parse_seed(std::string_view text) {
   auto value = dma::parse_decimal(text, "seed");

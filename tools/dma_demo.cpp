@@ -27,6 +27,7 @@
 
 #include "dma/protocol.hpp"
 #include "dma/service.hpp"
+#include "owned_bytes.hpp"
 #include "pattern.hpp"
 
 extern char** environ;
@@ -177,20 +178,7 @@ class ChildProcess {
   std::string pending_;
 };
 
-// A transfer's local operand owning its bytes: the source of a write, the landing of a read.
-class OwnedBytes : public dma::Operands {
- public:
-  explicit OwnedBytes(std::vector<std::byte> bytes = {}) : bytes_(std::move(bytes)) {}
-  std::span<const std::byte> source() override { return bytes_; }
-  std::span<std::byte> allocate(std::size_t length) override {
-    bytes_.resize(length);
-    return bytes_;
-  }
-  const std::vector<std::byte>& bytes() const noexcept { return bytes_; }
-
- private:
-  std::vector<std::byte> bytes_;
-};
+using dma::tools::OwnedBytes;
 
 // "4k" -> 4096, "1m", "16M", "1g", or plain bytes.
 dma::Result<std::size_t> parse_size(std::string text) {
