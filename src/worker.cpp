@@ -465,7 +465,13 @@ void Worker::dispatch_checksums() {
   auto items = std::make_shared<std::vector<ChecksumItem>>();
   items->swap(checksum_batch_);
   checksum_batch_.reserve(kChecksumBatch);
-  shared_->pool->post([items, shared = shared_] {
+  // The job holds no owning reference to the service: the worker waits for `jobs` to reach
+  // zero before the service can go, so the raw pointer is valid for the job's whole life. An
+  // owning one could make this pool thread drop the service's last reference, and with it the
+  // pool's, and the pool would then join its own thread (seen under tsan: std::system_error,
+  // "Resource deadlock avoided").
+  ServiceShared* shared = shared_.get();
+  shared_->pool->post([items, shared] {
     std::vector<Completion> batch;
     batch.reserve(items->size());
     for (ChecksumItem& item : *items) {
@@ -474,10 +480,10 @@ void Worker::dispatch_checksums() {
     }
     shared->outstanding.fetch_sub(batch.size(), std::memory_order_acq_rel);
     deliver(batch, shared->complete_batch);
-    {
-      std::lock_guard lock(shared->jobs_mutex);
-      --shared->jobs;
-    }
+    // Notified under the lock: once it is released the service may be destroyed, so nothing
+    // after it may touch `shared`.
+    std::lock_guard lock(shared->jobs_mutex);
+    --shared->jobs;
     shared->jobs_done.notify_all();
   });
 }

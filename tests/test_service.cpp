@@ -479,6 +479,32 @@ TEST_P(Loopback, shutdown_with_transfers_in_flight_delivers_every_completion) {
   }
 }
 
+TEST(FabricService, a_service_dropped_as_its_last_checksum_job_ends_does_not_join_its_own_pool) {
+  // If a CRC pool job held the last reference to the service (and so to a pool the service made
+  // itself), the pool would be destroyed on its own thread and join itself: std::terminate.
+  Configuration configuration = loopback("shm");
+  auto target = Target::open(configuration);
+  ASSERT_TRUE(target) << target.error().describe();
+  std::vector<std::byte> remote(4096);
+  auto exposed = (*target)->expose(remote.data(), remote.size());
+  ASSERT_TRUE(exposed);
+  for (int round = 0; round < 30; ++round) {
+    auto service = FabricService::start(configuration, nullptr, nullptr);  // its own pool
+    ASSERT_TRUE(service) << service.error().describe();
+    TransferRequest request;
+    request.client_id = 1;
+    request.peer_address = testing::address_of((*target)->local_address());
+    request.regions.push_back(exposed->whole());
+    request.want_checksum = true;
+    request.context = std::make_unique<Buffer>(pattern(4096, static_cast<std::uint32_t>(round)));
+    auto handle = (*service)->transfer(std::move(request));
+    ASSERT_TRUE(handle);
+    Outcome outcome = handle->wait_for(testing::kDeadline);
+    ASSERT_TRUE(outcome) << outcome.error().describe();
+    service->reset();  // races the pool job's own teardown
+  }
+}
+
 TEST(FabricService, shutdown_does_not_hang_on_a_write_that_never_completes) {
   // shm never completes a delivery-complete write past the exposed region (PROVIDERS.md); a
   // service dropped with one in flight must close its endpoint at the completion deadline and
