@@ -1,0 +1,27 @@
+// `dma-bench redis`: DMA.GET/DMA.SET through the module against plain GET/SET of the same sizes,
+// clients and working set, on a redis-server started here on loopback (or one given by
+// host/port). Every value is verified by CRC32C.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <string>
+#include <vector>
+
+#include "report.hpp"
+
+namespace dma::bench {
+
+struct RedisOptions {
+  std::string provider = "tcp";
+  std::string host;  // empty: start redis-server with the module on loopback
+  int port = 0;
+  std::vector<std::size_t> sizes{4096, std::size_t{1} << 20, std::size_t{16} << 20};
+  std::vector<std::size_t> clients{1};
+  std::vector<std::string> ops{"get", "set"};
+  std::chrono::milliseconds duration{2000};  // per side per case
+};
+
+Result<std::vector<Case>> run_redis(const RedisOptions& options, Progress& progress);
+
+}  // namespace dma::bench

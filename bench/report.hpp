@@ -1,0 +1,102 @@
+// What every dma-bench mode reports: latency samples, a measurement, one case compared with its
+// baseline, and the three ways it is printed (a human table, one JSON object per line, and the
+// Markdown table `make bench` writes into docs/PERFORMANCE.md). Progress goes to stderr.
+//
+// Thread-safety: none; a LatencySamples belongs to the thread that records into it (merge()
+// them afterwards). Ownership: plain values.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "dma/result.hpp"
+
+namespace dma::bench {
+
+// Per-operation latencies in nanoseconds. Reserve before the timed window so recording does
+// not allocate on the hot path.
+class LatencySamples {
+ public:
+  void reserve(std::size_t count) { nanoseconds_.reserve(count); }
+  void record(std::chrono::nanoseconds elapsed) {
+    if (nanoseconds_.size() < nanoseconds_.capacity()) nanoseconds_.push_back(elapsed.count());
+  }
+  void merge(const LatencySamples& other);
+  std::size_t size() const noexcept { return nanoseconds_.size(); }
+  // The q-quantile (0..1) in microseconds; 0 with no samples. Sorts in place.
+  double quantile_us(double q);
+
+ private:
+  std::vector<std::int64_t> nanoseconds_;
+};
+
+// One side (ours or the baseline) of one case.
+struct Measurement {
+  std::uint64_t operations = 0;
+  std::uint64_t bytes = 0;
+  std::uint64_t errors = 0;      // failed operations (not counted in operations)
+  std::uint64_t mismatches = 0;  // operations whose bytes did not verify
+  double seconds = 0;
+  double p50_us = 0;
+  double p99_us = 0;
+  // Heap allocations per operation in the timed window, when the mode counts them.
+  std::optional<double> allocations_per_op;
+  double ops_per_s() const { return seconds > 0 ? operations / seconds : 0; }
+  double gbps() const { return seconds > 0 ? bytes / seconds / 1e9 : 0; }
+};
+
+// One row: ours against the baseline measured in the same run.
+struct Case {
+  std::string mode;      // "fabric" or "redis"
+  std::string provider;  // tcp, net, shm, ...
+  std::string op;        // write|read (fabric), get|set (redis)
+  std::size_t size = 0;
+  std::optional<std::size_t> depth;    // fabric
+  std::optional<std::size_t> clients;  // redis
+  std::string label;     // what "ours" is, e.g. "dma" or "DMA.GET"
+  std::string baseline_label;  // e.g. "raw libfabric" or "GET"
+  Measurement ours;
+  Measurement baseline;
+  // ours/baseline: GB/s for sizes >= 1 MiB, else ops/s (the figure the goals name).
+  double ratio() const;
+  std::string ratio_basis() const;  // "GB/s" or "ops/s"
+};
+
+// "64,4k,64k,1m,16m" -> bytes (k/m/g suffixes, powers of 1024). Strict: a bad entry fails,
+// naming it.
+Result<std::vector<std::size_t>> parse_sizes(std::string_view text);
+// "1,64" -> counts (each >= 1).
+Result<std::vector<std::size_t>> parse_counts(std::string_view text, std::string_view what);
+// 65536 -> "64k", 1048576 -> "1m", 100 -> "100".
+std::string format_size(std::size_t bytes);
+
+// One JSON object on one line: mode, provider, op, size, depth|clients, ops_per_s, gbps,
+// p50_us, p99_us, errors, mismatches, allocations_per_op (when known), baseline {same fields},
+// ratio, ratio_basis.
+std::string to_json(const Case& row);
+// A fixed-width table for a terminal (header included).
+std::string to_table(const std::vector<Case>& rows);
+// A GitHub Markdown table (header included).
+std::string to_markdown(const std::vector<Case>& rows);
+
+// A single-line progress display on stderr ("\r" updates); silent when stderr is not a
+// terminal unless forced, so logs stay readable.
+class Progress {
+ public:
+  explicit Progress(std::size_t total_cases);
+  void start_case(std::string_view description);
+  void finish_case();
+  ~Progress();
+
+ private:
+  std::size_t total_;
+  std::size_t done_ = 0;
+  bool terminal_;
+};
+
+}  // namespace dma::bench

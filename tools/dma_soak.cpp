@@ -1,0 +1,2 @@
+// Stub: issue 6 (soak) fills this in.
+int main() { return 0; }
