@@ -1,8 +1,12 @@
 #include "endpoint.hpp"
 
+#include <cstdlib>
+
 #include <cstring>
 #include <set>
 #include <sstream>
+
+#include "shm_regions.hpp"
 
 namespace dma::internal {
 namespace {
@@ -162,6 +166,15 @@ Result<std::unique_ptr<Endpoint>> Endpoint::open(const Configuration& configurat
     }
     endpoint->completion_queue_.reset(cq);
 
+    if (name.provider == "shm") {
+      // Our own region name, unique to this incarnation of the pid, and no dead process's
+      // region left in /dev/shm (shm_regions.hpp says why).
+      sweep_stale_shm_regions();
+      const std::string source = shm_source_address();
+      std::free(info->src_addr);
+      info->src_addr = duplicate(source);
+      info->src_addrlen = source.size() + 1;
+    }
     fid_ep* ep = nullptr;
     if (int code = fi_endpoint(opened_domain, info, &ep, nullptr); code != 0) {
       return fail(fabric_error("fi_endpoint", code));

@@ -8,6 +8,7 @@
 #include <poll.h>
 #include <signal.h>
 #include <spawn.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -54,20 +55,34 @@ class Child {
       ADD_FAILURE() << "cannot start " << argv[0] << ": " << std::strerror(spawned);
     }
   }
+  // Closes the child's stdin (our tools exit on EOF, cleaning up after themselves: shm unlinks
+  // its /dev/shm region) and waits up to kExitGrace for it to exit before killing it.
   ~Child() {
     close_input();
     if (from_child_ >= 0) ::close(from_child_);
     if (pid_ > 0) {
-      ::kill(pid_, SIGKILL);
+      if (!exits_within(kExitGrace)) ::kill(pid_, SIGKILL);
       int status = 0;
       while (::waitpid(pid_, &status, 0) < 0 && errno == EINTR) {
       }
     }
   }
+  static constexpr auto kExitGrace = std::chrono::seconds(2);
   Child(const Child&) = delete;
   Child& operator=(const Child&) = delete;
 
   bool running() const { return pid_ > 0; }
+  pid_t pid() const { return pid_; }
+
+  // Kills the child now (SIGKILL) and reaps it: a crash, as far as its peers can tell.
+  void kill_now() {
+    if (pid_ <= 0) return;
+    ::kill(pid_, SIGKILL);
+    int status = 0;
+    while (::waitpid(pid_, &status, 0) < 0 && errno == EINTR) {
+    }
+    pid_ = -1;
+  }
 
   void write_line(const std::string& line) {
     const std::string framed = line + "\n";
@@ -120,6 +135,20 @@ class Child {
   }
 
  private:
+  // True once the child has exited (not yet reaped), waiting at most `grace` (a pidfd polled
+  // with that deadline).
+  bool exits_within(std::chrono::milliseconds grace) const {
+    const int pidfd = static_cast<int>(::syscall(SYS_pidfd_open, pid_, 0));
+    if (pidfd < 0) return false;
+    pollfd exited{pidfd, POLLIN, 0};
+    int polled = 0;
+    do {
+      polled = ::poll(&exited, 1, static_cast<int>(grace.count()));
+    } while (polled < 0 && errno == EINTR);
+    ::close(pidfd);
+    return polled > 0;
+  }
+
   // Appends available output to pending_; false at EOF or the deadline.
   bool read_some(std::chrono::steady_clock::time_point until) {
     while (!eof_) {
