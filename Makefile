@@ -9,7 +9,7 @@ DEPS := cmake ninja-build g++ pkg-config libfabric-dev libfabric-bin libisal-dev
         libbenchmark-dev redis-server iproute2 clang libclang-rt-14-dev
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: all deps build build-asan build-tsan test test-release test-asan test-tsan demo bench clean
+.PHONY: all deps build build-asan build-tsan test test-release test-asan test-tsan demo bench fuzz soak clean
 
 all: build
 
@@ -47,12 +47,44 @@ test-tsan: build-tsan
 test: test-release test-asan test-tsan
 	@echo "all test suites passed (release, asan+ubsan, tsan)"
 
+# redis-server with the module on loopback: DMA.SET/DMA.GET against SET/GET, every byte verified.
 demo: build
 	./build/bin/dma-demo --provider $(PROVIDER)
 
-# The CRC32C micro-benchmark; the fabric and Redis benchmarks (dma-bench) are issue 5.
+# CRC32C, then the standard fabric and Redis matrix (~10 min), rewriting docs/PERFORMANCE.md's
+# <!-- bench:begin/end --> section.
 bench: build
 	./build/bin/dma-bench-crc32c --benchmark_min_time=0.5
+	./build/bin/dma-bench standard --update docs/PERFORMANCE.md
+
+# Each libFuzzer target (clang, asan+ubsan) for FUZZ_SECONDS over its kept corpus, which is only
+# read: new inputs go to build-fuzz/new-corpus/<target>/ and crashes to build-fuzz/crashes/.
+# Keep a useful new input with `build-fuzz/bin/fuzz_<target> -merge=1 fuzz/corpus/<target>
+# build-fuzz/new-corpus/<target>`. Every target runs; fails at the end if any crashed.
+FUZZ_SECONDS ?= 60
+FUZZ_TARGETS := advertisement configuration module_arguments
+fuzz: deps
+	cmake --preset fuzz >/dev/null
+	cmake --build --preset fuzz -j $(JOBS)
+	@crashed=""; for target in $(FUZZ_TARGETS); do \
+	  mkdir -p build-fuzz/new-corpus/$$target build-fuzz/crashes; \
+	  echo "fuzzing $$target for $(FUZZ_SECONDS) s"; \
+	  ./build-fuzz/bin/fuzz_$$target -max_total_time=$(FUZZ_SECONDS) -print_final_stats=1 \
+	    -dict=fuzz/$$target.dict -artifact_prefix=build-fuzz/crashes/$$target- \
+	    build-fuzz/new-corpus/$$target fuzz/corpus/$$target || crashed="$$crashed $$target"; \
+	done; \
+	if [ -n "$$crashed" ]; then echo "fuzz targets crashed:$$crashed (inputs in build-fuzz/crashes/)"; exit 1; fi; \
+	echo "all fuzz targets ran $(FUZZ_SECONDS) s without a crash"
+
+# The module under many clients, some SIGKILLed mid-transfer, every GET checked (not in CI):
+# SOAK_SECONDS per provider, tcp then shm. Fails if any value read back differs.
+SOAK_SECONDS ?= 120
+SOAK_CLIENTS ?= 4
+soak: build
+	./build/bin/dma-soak --provider tcp --clients $(SOAK_CLIENTS) --duration $(SOAK_SECONDS) \
+	  --max-size 1048576 --kill-every 10
+	./build/bin/dma-soak --provider shm --clients $(SOAK_CLIENTS) --duration $(SOAK_SECONDS) \
+	  --max-size 1048576 --kill-every 10
 
 clean:
 	rm -rf build build-debug build-asan build-tsan

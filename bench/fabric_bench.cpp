@@ -1,13 +1,465 @@
 #include "fabric_bench.hpp"
 
 #include <CLI/CLI.hpp>
+#include <unistd.h>
 
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <memory>
+
+#include "child_process.hpp"
 #include "commands.hpp"
+#include "dma/protocol.hpp"
+#include "fabric_target.hpp"
+#include "ours_loop.hpp"
+#include "pattern.hpp"
+#include "raw_fabric.hpp"
 
 namespace dma::bench {
-// Stub: issue 5 (helper A) fills this in.
-void add_fabric_commands(CLI::App&, int*) {}
-Result<std::vector<Case>> run_fabric(const FabricOptions&, Progress&) {
-  return fail(ErrorCode::kInvalidArgument, "dma-bench fabric is not built yet");
+namespace {
+
+using Clock = std::chrono::steady_clock;
+constexpr auto kReplyTimeout = std::chrono::seconds(30);
+// Hot: the slots of a case fit in cache together; cold: they span this much, cycled through.
+constexpr std::size_t kHotBytes = std::size_t{1} << 20;
+constexpr std::size_t kMaxHotSlots = 64;
+constexpr std::size_t kColdBytes = std::size_t{256} << 20;
+constexpr auto kWarmup = std::chrono::milliseconds(150);
+constexpr auto kRound = std::chrono::milliseconds(200);
+// Distinct patterns per buffer, so bytes from the wrong side or a stale slot do not verify.
+constexpr std::uint32_t kOursLocalSeed = 11, kRawLocalSeed = 12;
+constexpr std::uint32_t kOursTargetSeed = 21, kRawTargetSeed = 22;
+
+std::size_t slots_for(std::size_t size, bool cold) {
+  if (cold) return std::max<std::size_t>(2, (kColdBytes + size - 1) / size);
+  return std::clamp<std::size_t>(kHotBytes / size, 1, kMaxHotSlots);
 }
+
+std::size_t resident_bytes() {
+  std::ifstream statm("/proc/self/statm");
+  std::size_t total = 0, resident = 0;
+  statm >> total >> resident;
+  return resident * static_cast<std::size_t>(::sysconf(_SC_PAGESIZE));
+}
+
+// Page-aligned initiator memory, filled with a pattern. Owned by run_fabric.
+class LocalBuffer {
+ public:
+  static Result<LocalBuffer> create(std::size_t bytes, std::uint32_t seed) {
+    const std::size_t rounded = (bytes + 4095) / 4096 * 4096;
+    auto* data = static_cast<std::byte*>(std::aligned_alloc(4096, rounded));
+    if (data == nullptr) {
+      return fail(ErrorCode::kResourceExhausted, "cannot allocate " + std::to_string(bytes) + " bytes");
+    }
+    tools::fill_pattern(std::span(data, bytes), seed);
+    return LocalBuffer(data);
+  }
+  std::byte* data() const noexcept { return data_.get(); }
+
+ private:
+  struct Free {
+    void operator()(std::byte* p) const noexcept { std::free(p); }
+  };
+  explicit LocalBuffer(std::byte* data) : data_(data) {}
+  std::unique_ptr<std::byte, Free> data_;
+};
+
+// One target child: its process and what it advertised.
+struct TargetChild {
+  std::unique_ptr<ChildProcess> process;
+  Advertisement advertisement;
+};
+
+Result<TargetChild> start_target(const FabricOptions& options, const std::string& kind,
+                                 std::size_t bytes, std::uint32_t seed) {
+  std::error_code error;
+  const auto self = std::filesystem::read_symlink("/proc/self/exe", error);
+  if (error) return fail(ErrorCode::kNotFound, "cannot find my own executable: " + error.message());
+  auto process = ChildProcess::spawn(
+      {self.string(), "fabric-target", "--kind", kind, "--provider", options.provider, "--bind",
+       options.bind, "--bytes", std::to_string(bytes), "--seed", std::to_string(seed),
+       "--poll-us", std::to_string(options.target_poll_interval.count())});
+  if (!process) return fail(std::move(process).error());
+  auto wire = (*process)->read_line(kReplyTimeout);
+  if (!wire) {
+    return fail(wire.error().code(), "the " + kind + " target did not start: " + wire.error().message());
+  }
+  auto advertisement = parse_advertisement(*wire);
+  if (!advertisement) {
+    return fail(ErrorCode::kFabric, "the " + kind + " target printed '" + *wire + "': " +
+                                        advertisement.error().message());
+  }
+  return TargetChild{std::move(*process), std::move(*advertisement)};
+}
+
+Status introduce(TargetChild& target, std::span<const std::uint8_t> initiator, const char* kind) {
+  auto answer = target.process->ask("initiator " + hex_encode(initiator), kReplyTimeout);
+  if (!answer) return fail(std::move(answer).error());
+  if (*answer != "ok") {
+    return fail(ErrorCode::kFabric, std::string("the ") + kind + " target refused our address: " + *answer);
+  }
+  return {};
+}
+
+// CRC32C of the target's bytes for `slot` against ours: true when they match.
+Result<bool> verify_slot(TargetChild& target, const std::byte* local, std::size_t size,
+                         std::size_t slot) {
+  auto theirs = target.process->ask(
+      "crc " + std::to_string(slot * size) + " " + std::to_string(size), kReplyTimeout);
+  if (!theirs) return fail(std::move(theirs).error());
+  const std::uint32_t ours = crc32c(std::span<const std::byte>(local + slot * size, size));
+  return *theirs == std::to_string(ours);
+}
+
+// Everything one run holds; member order is teardown order (the initiators go before the
+// children they talk to, so nothing in flight outlives its peer).
+struct Bench {
+  explicit Bench(const FabricOptions& o) : options(o), write(o.op == "write") {}
+  const FabricOptions& options;
+  bool write;
+  std::optional<LocalBuffer> ours_local;
+  std::optional<LocalBuffer> raw_local;
+  TargetChild ours_target;
+  TargetChild raw_target;
+  std::unique_ptr<RawEndpoint> raw;
+  fi_addr_t raw_peer = FI_ADDR_UNSPEC;
+  std::unique_ptr<OursLoop> ours;
+  std::size_t ours_slot = 0;
+  std::size_t raw_slot = 0;
+  std::size_t rss_before = 0;
+  std::size_t rss_after = 0;
+};
+
+struct Side {
+  Measurement measurement;
+  LatencySamples samples;
+  std::uint64_t allocations = 0;
+};
+
+Status ours_round(Bench& bench, std::size_t size, std::size_t depth, std::size_t slots,
+                  std::chrono::nanoseconds duration, Side* side) {
+  OursJob job;
+  job.direction = bench.write ? Direction::kToPeer : Direction::kFromPeer;
+  job.local = bench.ours_local->data();
+  job.size = size;
+  job.slots = slots;
+  job.depth = depth;
+  job.remote = bench.ours_target.advertisement.remote_address;
+  job.key = bench.ours_target.advertisement.key;
+  job.first_slot = bench.ours_slot % slots;
+  job.duration = duration;
+  LatencySamples discard;
+  LatencySamples round;
+  if (side != nullptr) round.reserve(std::max<std::size_t>(1 << 16, 4'000'000 * duration.count() / 1'000'000'000));
+  if (bench.rss_before == 0) bench.rss_before = resident_bytes();
+  auto run = bench.ours->run_window(job, side != nullptr ? round : discard);
+  if (!run) return fail(std::move(run).error());
+  bench.rss_after = resident_bytes();
+  bench.ours_slot = run->next_slot;
+  if (run->first_error) {
+    std::fprintf(stderr, "dma-bench fabric: ours: %s\n", run->first_error->describe().c_str());
+  }
+  if (!bench.ours_target.process->alive()) return fail(ErrorCode::kWorkerGone, "our target process died");
+  bool verified = true;
+  if (run->last_slot) {
+    auto match = verify_slot(bench.ours_target, bench.ours_local->data(), size, *run->last_slot);
+    if (!match) return fail(std::move(match).error());
+    verified = *match;
+  }
+  if (side == nullptr) return {};
+  Measurement& m = side->measurement;
+  m.operations += run->operations;
+  m.bytes += run->bytes;
+  m.errors += run->errors;
+  m.seconds += run->seconds;
+  m.mismatches += verified ? 0 : 1;
+  side->allocations += run->allocations;
+  m.eagain = m.eagain.value_or(0) + run->eagain;
+  side->samples.merge(round);
+  return {};
+}
+
+Status raw_round(Bench& bench, std::size_t size, std::size_t depth, std::size_t slots,
+                 std::chrono::nanoseconds duration, Side* side) {
+  RawJob job;
+  job.write = bench.write;
+  job.local = bench.raw_local->data();
+  job.size = size;
+  job.slots = slots;
+  job.depth = depth;
+  job.remote = bench.raw_target.advertisement.remote_address;
+  job.key = bench.raw_target.advertisement.key;
+  job.peer = bench.raw_peer;
+  job.first_slot = bench.raw_slot % slots;
+  job.duration = duration;
+  LatencySamples round;
+  round.reserve(side != nullptr ? std::max<std::size_t>(1 << 16, 4'000'000 * duration.count() / 1'000'000'000) : 0);
+  auto run = run_raw_window(*bench.raw, job, round);
+  if (!run) return fail(std::move(run).error());
+  bench.raw_slot = run->next_slot;
+  if (!bench.raw_target.process->alive()) return fail(ErrorCode::kWorkerGone, "the raw target process died");
+  bool verified = true;
+  if (run->last_slot) {
+    auto match = verify_slot(bench.raw_target, bench.raw_local->data(), size, *run->last_slot);
+    if (!match) return fail(std::move(match).error());
+    verified = *match;
+  }
+  if (side == nullptr) return {};
+  Measurement& m = side->measurement;
+  m.operations += run->operations;
+  m.bytes += run->bytes;
+  m.errors += run->errors;
+  m.seconds += run->seconds;
+  m.mismatches += verified ? 0 : 1;
+  m.eagain = m.eagain.value_or(0) + run->eagain;
+  side->samples.merge(round);
+  return {};
+}
+
+void finish_side(Side& side) {
+  side.measurement.p50_us = side.samples.quantile_us(0.50);
+  side.measurement.p99_us = side.samples.quantile_us(0.99);
+}
+
+Result<Case> run_case(Bench& bench, std::size_t size, std::size_t depth) {
+  const std::size_t slots = slots_for(size, bench.options.cold);
+  // Unmeasured warm-up: connections, the channel's and the worker's pools, the caches' state.
+  if (Status warm = ours_round(bench, size, depth, slots, kWarmup, nullptr); !warm) return fail(std::move(warm).error());
+  if (Status warm = raw_round(bench, size, depth, slots, kWarmup, nullptr); !warm) return fail(std::move(warm).error());
+
+  const auto total = bench.options.duration;
+  // Short rounds interleave better, but a round must outlast a few waves of `depth` transfers
+  // (at ~1 GB/s, the slow end here) or it counts nothing: 16m x 64 is 1 GiB per wave.
+  const auto wave = std::chrono::milliseconds(size * depth * 4 / 1'000'000);
+  const std::size_t rounds = std::clamp<std::size_t>(total / std::max(kRound, wave), 1, 16);
+  const auto each = std::chrono::duration_cast<std::chrono::nanoseconds>(total) / rounds;
+  Side ours;
+  Side raw;
+  for (std::size_t round = 0; round < rounds; ++round) {
+    // Alternate which side goes first, so a drift in machine load hits both alike.
+    const bool ours_first = round % 2 == 0;
+    for (int turn = 0; turn < 2; ++turn) {
+      const bool ours_turn = (turn == 0) == ours_first;
+      Status done = ours_turn ? ours_round(bench, size, depth, slots, each, &ours)
+                              : raw_round(bench, size, depth, slots, each, &raw);
+      if (!done) return fail(std::move(done).error());
+    }
+  }
+  finish_side(ours);
+  finish_side(raw);
+  if (ours.measurement.operations > 0) {
+    ours.measurement.allocations_per_op =
+        static_cast<double>(ours.allocations) / static_cast<double>(ours.measurement.operations);
+  }
+  Case row;
+  row.mode = "fabric";
+  row.provider = bench.options.provider;
+  row.op = bench.options.op;
+  row.size = size;
+  row.depth = depth;
+  row.label = "dma";
+  row.baseline_label = "raw libfabric";
+  row.ours = ours.measurement;
+  row.baseline = raw.measurement;
+  return row;
+}
+
+Status validate(const FabricOptions& options) {
+  if (options.op != "write" && options.op != "read") {
+    return fail(ErrorCode::kInvalidArgument, "--op must be write or read, not '" + options.op + "'");
+  }
+  if (options.sizes.empty() || options.depths.empty()) {
+    return fail(ErrorCode::kInvalidArgument, "--sizes and --depth need at least one entry");
+  }
+  if (options.duration.count() <= 0) return fail(ErrorCode::kInvalidArgument, "--duration must be positive");
+  if (options.ours_target != "ours" && options.ours_target != "raw") {
+    return fail(ErrorCode::kInvalidArgument, "--ours-target must be ours or raw");
+  }
+  return {};
+}
+
+}  // namespace
+
+Result<FabricRun> run_fabric_detailed(const FabricOptions& options, Progress& progress) {
+  if (Status valid = validate(options); !valid) return fail(std::move(valid).error());
+  std::size_t bytes = 0;
+  for (std::size_t size : options.sizes) bytes = std::max(bytes, size * slots_for(size, options.cold));
+  const std::size_t max_depth = *std::max_element(options.depths.begin(), options.depths.end());
+
+  Bench bench(options);
+  auto ours_local = LocalBuffer::create(bytes, kOursLocalSeed);
+  if (!ours_local) return fail(std::move(ours_local).error());
+  bench.ours_local = std::move(*ours_local);
+  auto raw_local = LocalBuffer::create(bytes, kRawLocalSeed);
+  if (!raw_local) return fail(std::move(raw_local).error());
+  bench.raw_local = std::move(*raw_local);
+
+  auto ours_target = start_target(options, options.ours_target, bytes, kOursTargetSeed);
+  if (!ours_target) return fail(std::move(ours_target).error());
+  bench.ours_target = std::move(*ours_target);
+  auto raw_target = start_target(options, "raw", bytes, kRawTargetSeed);
+  if (!raw_target) return fail(std::move(raw_target).error());
+  bench.raw_target = std::move(*raw_target);
+
+  auto raw = RawEndpoint::open(options.provider, RawRole::kInitiator, options.bind);
+  if (!raw) return fail(std::move(raw).error());
+  bench.raw = std::move(*raw);
+  auto peer = bench.raw->insert(bench.raw_target.advertisement.address);
+  if (!peer) return fail(std::move(peer).error());
+  bench.raw_peer = *peer;
+  if (Status ok = introduce(bench.raw_target, bench.raw->address(), "raw"); !ok) return fail(std::move(ok).error());
+
+  Configuration configuration;
+  configuration.providers = {options.provider};
+  configuration.bind = options.bind;
+  configuration.max_in_flight = max_depth;
+  // A transfer that never completes must not hold the service's destructor for 30 s.
+  configuration.completion_deadline = std::chrono::milliseconds(5000);
+  auto ours = OursLoop::start(configuration, bench.ours_target.advertisement.address, max_depth);
+  if (!ours) return fail(std::move(ours).error());
+  bench.ours = std::move(*ours);
+  if (bench.ours->describe().max_in_flight < max_depth) {
+    return fail(ErrorCode::kInvalidArgument,
+                "depth " + std::to_string(max_depth) + " exceeds the provider's queue (" +
+                    std::to_string(bench.ours->describe().max_in_flight) + ")");
+  }
+  if (Status ok = introduce(bench.ours_target, bench.ours->local_address(), "ours"); !ok) return fail(std::move(ok).error());
+
+  FabricRun result;
+  for (std::size_t size : options.sizes) {
+    for (std::size_t depth : options.depths) {
+      progress.start_case("fabric " + options.provider + " " + options.op + " " + format_size(size) +
+                          " depth " + std::to_string(depth));
+      auto row = run_case(bench, size, depth);
+      if (!row) return fail(std::move(row).error());
+      result.cases.push_back(std::move(*row));
+      progress.finish_case();
+    }
+  }
+  result.rss_before_bytes = bench.rss_before;
+  result.rss_after_bytes = bench.rss_after;
+
+  // Orderly shutdown: initiators first, then ask each target to quit (shm unlinks its region).
+  bench.ours.reset();
+  bench.raw.reset();
+  for (TargetChild* child : {&bench.ours_target, &bench.raw_target}) {
+    auto status = child->process->finish(kReplyTimeout);
+    if (!status || *status != 0) {
+      return fail(ErrorCode::kWorkerGone,
+                  "a target did not exit cleanly: " +
+                      (status ? "status " + std::to_string(*status) : status.error().message()));
+    }
+  }
+  return result;
+}
+
+Result<std::vector<Case>> run_fabric(const FabricOptions& options, Progress& progress) {
+  auto run = run_fabric_detailed(options, progress);
+  if (!run) return fail(std::move(run).error());
+  return std::move(run->cases);
+}
+
+void add_fabric_commands(CLI::App& app, int* status) {
+  struct Arguments {
+    FabricOptions options;
+    std::string sizes = "64,4k,64k,1m,16m";
+    std::string depths = "1,64";
+    double seconds = 2.0;
+    long target_poll_us = 0;
+    bool json = false;
+    bool show_progress = false;
+    TargetOptions target;
+    long target_poll = 0;
+  };
+  auto arguments = std::make_shared<Arguments>();
+
+  CLI::App* fabric = app.add_subcommand(
+      "fabric", "FabricService against raw libfabric, same provider, sizes, depth and working set");
+  fabric->add_option("--provider", arguments->options.provider, "tcp, net, shm, ...")->capture_default_str();
+  fabric->add_option("--op", arguments->options.op, "write (fi_writemsg, delivery complete) or read (fi_read)")
+      ->capture_default_str();
+  fabric->add_option("--sizes", arguments->sizes, "comma list, k/m/g suffixes")->capture_default_str();
+  fabric->add_option("--depth", arguments->depths, "comma list of operations kept in flight")->capture_default_str();
+  fabric->add_option("--duration", arguments->seconds, "seconds per side per case")->capture_default_str();
+  fabric->add_flag("--cold", arguments->options.cold, "cycle through >= 256 MiB so caches are cold");
+  fabric->add_option("--bind", arguments->options.bind, "local address for IP providers")->capture_default_str();
+  fabric->add_option("--target-poll-us", arguments->target_poll_us,
+                     "targets sleep this long between progress polls (0 busy-polls)")
+      ->capture_default_str();
+  fabric->add_option("--ours-target", arguments->options.ours_target,
+                     "what our initiator runs against: ours (dma::Target) or raw (isolates the initiator)")
+      ->capture_default_str();
+  fabric->add_flag("--json", arguments->json, "one JSON object per case on stdout");
+  fabric->add_flag("--progress", arguments->show_progress, "progress lines on stderr even when it is not a terminal");
+  fabric->callback([arguments, status] {
+    FabricOptions options = arguments->options;
+    auto sizes = parse_sizes(arguments->sizes);
+    auto depths = parse_counts(arguments->depths, "--depth");
+    if (!sizes || !depths || !(arguments->seconds > 0) || arguments->target_poll_us < 0) {
+      std::fprintf(stderr, "dma-bench fabric: %s\n",
+                   !sizes ? sizes.error().message().c_str()
+                   : !depths ? depths.error().message().c_str()
+                             : "--duration and --target-poll-us must be positive");
+      *status = 2;
+      return;
+    }
+    options.sizes = *sizes;
+    options.depths = *depths;
+    options.duration = std::chrono::milliseconds(static_cast<long>(arguments->seconds * 1000));
+    options.target_poll_interval = std::chrono::microseconds(arguments->target_poll_us);
+    std::optional<FabricRun> run;
+    {
+      Progress progress(options.sizes.size() * options.depths.size(), arguments->show_progress);
+      auto result = run_fabric_detailed(options, progress);
+      if (!result) {
+        std::fprintf(stderr, "dma-bench fabric: %s\n", result.error().describe().c_str());
+        *status = 1;
+        return;
+      }
+      run = std::move(*result);
+    }
+    bool clean = true;
+    for (const Case& row : run->cases) {
+      clean = clean && row.ours.errors + row.baseline.errors + row.ours.mismatches + row.baseline.mismatches == 0;
+    }
+    if (arguments->json) {
+      for (const Case& row : run->cases) std::printf("%s\n", to_json(row).c_str());
+    } else {
+      std::printf("%s", to_table(run->cases).c_str());
+      std::printf("-FI_EAGAIN per completed op (ours / raw):");
+      for (const Case& row : run->cases) {
+        const auto per_op = [](const Measurement& m) {
+          return m.operations > 0 ? static_cast<double>(m.eagain.value_or(0)) / m.operations : 0.0;
+        };
+        std::printf(" %s/d%zu %.2f/%.2f", format_size(row.size).c_str(), row.depth.value_or(0),
+                    per_op(row.ours), per_op(row.baseline));
+      }
+      std::printf("\ninitiator RSS: %.1f MiB before our first window, %.1f MiB after our last "
+                  "(includes the latency sample buffers)\n",
+                  run->rss_before_bytes / 1048576.0, run->rss_after_bytes / 1048576.0);
+    }
+    std::fflush(stdout);
+    if (!clean) std::fprintf(stderr, "dma-bench fabric: errors or mismatches (see the table)\n");
+    *status = clean ? 0 : 1;
+  });
+
+  CLI::App* target = app.add_subcommand("fabric-target", "");  // hidden: an empty group
+  target->group("");
+  target->add_option("--kind", arguments->target.kind)->required();
+  target->add_option("--provider", arguments->target.provider)->required();
+  target->add_option("--bind", arguments->target.bind);
+  target->add_option("--bytes", arguments->target.bytes)->required();
+  target->add_option("--seed", arguments->target.seed);
+  target->add_option("--poll-us", arguments->target_poll);
+  target->callback([arguments, status] {
+    TargetOptions options = arguments->target;
+    options.poll_interval = std::chrono::microseconds(std::max<long>(0, arguments->target_poll));
+    *status = run_fabric_target(options);
+  });
+}
+
 }  // namespace dma::bench

@@ -1,13 +1,795 @@
+// `dma-bench redis`: see redis_bench.hpp. How a case runs:
+//
+// - Clients: one thread per client, each with its own dma::Client (own hiredis connection and
+//   Target, hello said once per run) and its own plain hiredis connection. The same clients
+//   serve every case of the run; a case uses the first N.
+// - Working set: each client owns its own keys (so the bytes a SET leaves behind are known), up
+//   to 64 MiB over all clients and at most 64 keys per client. Key j of client c holds one of the
+//   client's two pattern values; every key is seeded with plain SET before the timed window and
+//   deleted after the case.
+// - Interleaving: the per-side duration is cut into rounds of about half a second; each round
+//   runs DMA then plain (alternating which goes first), so noise on the shared machine hits both.
+// - Verification: a GET's bytes are CRC32C-checked against the value stored (dma::Client also
+//   checks them against the server's CRC32C); after each SET round every key of the working set
+//   is read back with plain GET and checked against the value written last. A failure is a
+//   mismatch of the side that wrote or read it.
 #include "redis_bench.hpp"
 
 #include <CLI/CLI.hpp>
+#include <hiredis/hiredis.h>
 
+#include <algorithm>
+#include <atomic>
+#include <cstring>
+#include <cstdio>
+#include <iostream>
+#include <latch>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "client.hpp"
 #include "commands.hpp"
+#include "dma/protocol.hpp"
+#include "pattern.hpp"
+#include "redis_server.hpp"
 
 namespace dma::bench {
-// Stub: issue 5 (helper B) fills this in.
-void add_redis_command(CLI::App&, int*) {}
-Result<std::vector<Case>> run_redis(const RedisOptions&, Progress&) {
-  return fail(ErrorCode::kInvalidArgument, "dma-bench redis is not built yet");
+namespace {
+
+using Clock = std::chrono::steady_clock;
+constexpr std::chrono::milliseconds kRoundLength{500};
+constexpr std::chrono::milliseconds kReplyTimeout{60000};
+constexpr std::size_t kWorkingSetBytes = std::size_t{64} << 20;
+constexpr std::size_t kMaxKeysPerClient = 64;
+constexpr std::size_t kSamplesPerThread = std::size_t{1} << 18;
+
+struct ReplyDeleter {
+  void operator()(redisReply* reply) const noexcept { freeReplyObject(reply); }
+};
+using Reply = std::unique_ptr<redisReply, ReplyDeleter>;
+
+// A plain hiredis connection: the baseline's client, and the seeding/verification channel.
+// Owned by one thread at a time.
+class Connection {
+ public:
+  static Result<std::unique_ptr<Connection>> open(const std::string& host, int port) {
+    const timeval timeout{static_cast<time_t>(kReplyTimeout.count() / 1000), 0};
+    redisContext* context = redisConnectWithTimeout(host.c_str(), port, timeout);
+    if (context == nullptr) return fail(ErrorCode::kResourceExhausted, "cannot allocate hiredis");
+    if (context->err != 0) {
+      std::string message = "cannot connect to " + host + ":" + std::to_string(port) + ": " +
+                            context->errstr;
+      redisFree(context);
+      return fail(ErrorCode::kUnreachable, std::move(message));
+    }
+    redisSetTimeout(context, timeout);
+    return std::unique_ptr<Connection>(new Connection(context));
+  }
+  ~Connection() { redisFree(context_); }
+  Connection(const Connection&) = delete;
+  Connection& operator=(const Connection&) = delete;
+
+  // One command; a transport failure or an error reply is an Error.
+  Result<Reply> command(std::initializer_list<std::string_view> arguments) {
+    return command(std::span<const std::string_view>(arguments.begin(), arguments.size()));
+  }
+  Result<Reply> command(std::span<const std::string_view> arguments) {
+    std::vector<const char*> pointers;
+    std::vector<std::size_t> lengths;
+    for (std::string_view argument : arguments) {
+      pointers.push_back(argument.data());
+      lengths.push_back(argument.size());
+    }
+    Reply reply(static_cast<redisReply*>(redisCommandArgv(
+        context_, static_cast<int>(pointers.size()), pointers.data(), lengths.data())));
+    if (!reply) {
+      return fail(ErrorCode::kUnreachable, std::string("redis connection failed: ") +
+                                               context_->errstr);
+    }
+    if (reply->type == REDIS_REPLY_ERROR) {
+      return fail(ErrorCode::kInvalidArgument,
+                  std::string(arguments.front()) + ": " + std::string(reply->str, reply->len));
+    }
+    return reply;
+  }
+
+ private:
+  explicit Connection(redisContext* context) : context_(context) {}
+  redisContext* context_;
+};
+
+Result<Reply> command_vector(Connection& connection, const std::vector<std::string>& fields) {
+  const std::vector<std::string_view> views(fields.begin(), fields.end());
+  return connection.command(std::span<const std::string_view>(views));
 }
+
+std::string_view as_text(std::span<const std::byte> bytes) {
+  return {reinterpret_cast<const char*>(bytes.data()), bytes.size()};
+}
+
+// The DMA side without dma::Client: its own connection and Target, and buffers exposed once
+// per case instead of once per call (`--registration once`), to measure what the per-call
+// registration of dma::Client::get/set costs.
+struct ExposedOnce {
+  std::unique_ptr<Connection> connection;
+  std::unique_ptr<Target> target;
+};
+
+// One benchmark client: a dma::Client (or an ExposedOnce) and a plain connection, used by one
+// thread per phase.
+struct Peer {
+  std::unique_ptr<Client> dma;
+  std::optional<ExposedOnce> once;
+  std::unique_ptr<Connection> plain;
+};
+
+// A client's share of one case: its keys, its two pattern values, which value each key holds,
+// and the landing buffer for GETs.
+struct Share {
+  std::vector<std::string> keys;
+  std::vector<std::vector<std::byte>> values;  // two
+  std::vector<std::uint32_t> value_crcs;       // two
+  std::vector<std::size_t> holds;              // per key: index into values
+  std::vector<std::byte> landing;
+  std::size_t next = 0;  // the next key to use
+  // With --registration once: landing and values exposed for the whole case. Declared after
+  // the buffers so they are closed first.
+  std::optional<Exposed> landing_exposed;
+  std::vector<Exposed> values_exposed;
+};
+
+// What one thread counted in one phase.
+struct Tally {
+  std::uint64_t operations = 0;
+  std::uint64_t bytes = 0;
+  std::uint64_t errors = 0;
+  std::uint64_t mismatches = 0;
+  LatencySamples samples;
+  std::string first_problem;
+  void problem(std::string text) {
+    if (first_problem.empty()) first_problem = std::move(text);
+  }
+};
+
+// One side of a case accumulated over its rounds.
+struct Side {
+  Measurement measurement;
+  LatencySamples samples;
+  std::string first_problem;
+  void add(Tally& tally) {
+    measurement.operations += tally.operations;
+    measurement.bytes += tally.bytes;
+    measurement.errors += tally.errors;
+    measurement.mismatches += tally.mismatches;
+    samples.merge(tally.samples);
+    if (first_problem.empty()) first_problem = tally.first_problem;
+  }
+};
+
+enum class Kind { kDma, kPlain };
+
+void region_fields_of(const Exposed& exposed, std::vector<std::string>& fields) {
+  const RemoteRegion region = exposed.whole();
+  fields.push_back(std::to_string(region.key));
+  fields.push_back(std::to_string(region.address));
+  fields.push_back(std::to_string(region.length));
+}
+
+// [length, crc32c] from DMA.GET or DMA.SET, or nullopt for nil.
+Result<std::optional<std::pair<std::uint64_t, std::uint32_t>>> length_and_crc(
+    const redisReply& reply) {
+  if (reply.type == REDIS_REPLY_NIL) return std::optional<std::pair<std::uint64_t, std::uint32_t>>();
+  if (reply.type != REDIS_REPLY_ARRAY || reply.elements != 2 ||
+      reply.element[0]->type != REDIS_REPLY_INTEGER ||
+      reply.element[1]->type != REDIS_REPLY_INTEGER) {
+    return fail(ErrorCode::kInvalidArgument, "not a [length, crc32c] reply");
+  }
+  return std::optional(std::pair{static_cast<std::uint64_t>(reply.element[0]->integer),
+                                 static_cast<std::uint32_t>(reply.element[1]->integer)});
+}
+
+// DMA.GET into the share's pre-exposed landing buffer: the length, nullopt for no key; a landed
+// CRC32C different from the server's is kCorrupted.
+Result<std::optional<std::size_t>> get_exposed_once(ExposedOnce& once, const std::string& key,
+                                                    Share& share) {
+  std::vector<std::string> fields{"DMA.GET", key};
+  region_fields_of(*share.landing_exposed, fields);
+  auto reply = command_vector(*once.connection, fields);
+  if (!reply) return fail(std::move(reply).error());
+  auto answer = length_and_crc(**reply);
+  if (!answer) return fail(std::move(answer).error());
+  if (!*answer) return std::optional<std::size_t>();
+  const auto [length, crc] = **answer;
+  if (length > share.landing.size()) {
+    return fail(ErrorCode::kInvalidArgument, "DMA.GET reported more bytes than the buffer holds");
+  }
+  once.target->synchronize();
+  if (crc32c(std::span<const std::byte>(share.landing).first(length)) != crc) {
+    return fail(ErrorCode::kCorrupted, "the bytes that landed do not match the server's CRC32C");
+  }
+  return std::optional<std::size_t>(length);
+}
+
+// DMA.SET of pre-exposed value `value`, with its CRC32C computed per call as dma::Client does.
+Status set_exposed_once(ExposedOnce& once, const std::string& key, Share& share,
+                        std::size_t value) {
+  once.target->synchronize();
+  const std::uint32_t crc = crc32c(share.values[value]);
+  std::vector<std::string> fields{"DMA.SET", key, std::to_string(share.values[value].size()),
+                                  "CRC", std::to_string(crc)};
+  region_fields_of(share.values_exposed[value], fields);
+  auto reply = command_vector(*once.connection, fields);
+  if (!reply) return fail(std::move(reply).error());
+  auto answer = length_and_crc(**reply);
+  if (!answer) return fail(std::move(answer).error());
+  if (!*answer || (*answer)->first != share.values[value].size() || (*answer)->second != crc) {
+    return fail(ErrorCode::kCorrupted, "the server stored a different length or CRC32C");
+  }
+  return {};
+}
+
+// One operation of `kind` on `op` by one client; the result goes to `tally`. Returns false if
+// the connection can no longer be trusted (the phase ends for this client).
+bool one_operation(Kind kind, bool get, Peer& peer, Share& share, Tally& tally) {
+  const std::size_t index = share.next++ % share.keys.size();
+  const std::string& key = share.keys[index];
+  const std::size_t size = share.landing.size();
+  const auto started = Clock::now();
+  if (get) {
+    const std::uint32_t expected = share.value_crcs[share.holds[index]];
+    std::optional<std::uint32_t> landed;
+    std::size_t length = 0;
+    if (kind == Kind::kDma) {
+      auto got = peer.once ? get_exposed_once(*peer.once, key, share)
+                           : peer.dma->get(key, share.landing);
+      if (!got) {
+        if (got.error().code() == ErrorCode::kCorrupted) {
+          ++tally.mismatches;
+          tally.problem("DMA.GET " + key + ": " + got.error().describe());
+          return true;
+        }
+        ++tally.errors;
+        tally.problem("DMA.GET " + key + ": " + got.error().describe());
+        return false;
+      }
+      if (*got) {
+        length = **got;
+        landed = crc32c(std::span<const std::byte>(share.landing).first(length));
+      }
+    } else {
+      auto reply = peer.plain->command({"GET", key});
+      if (!reply) {
+        ++tally.errors;
+        tally.problem("GET " + key + ": " + reply.error().describe());
+        return false;
+      }
+      if ((*reply)->type == REDIS_REPLY_STRING) {
+        length = (*reply)->len;
+        landed = crc32c(std::as_bytes(std::span<const char>((*reply)->str, length)));
+      }
+    }
+    tally.samples.record(Clock::now() - started);
+    ++tally.operations;
+    tally.bytes += length;
+    if (!landed || length != size || *landed != expected) {
+      ++tally.mismatches;
+      tally.problem((kind == Kind::kDma ? "DMA.GET " : "GET ") + key + ": " +
+                    (landed ? std::to_string(length) + " bytes with CRC32C " +
+                                  std::to_string(*landed) + ", stored " +
+                                  std::to_string(expected)
+                            : std::string("no value")));
+    }
+    return true;
+  }
+  // A SET writes the value the key does not hold, so every SET changes the key.
+  const std::size_t value = 1 - share.holds[index];
+  const std::span<const std::byte> bytes = share.values[value];
+  if (kind == Kind::kDma) {
+    Status stored = peer.once ? set_exposed_once(*peer.once, key, share, value)
+                              : peer.dma->set(key, bytes);
+    if (!stored) {
+      const bool corrupted = stored.error().code() == ErrorCode::kCorrupted;
+      ++(corrupted ? tally.mismatches : tally.errors);
+      tally.problem("DMA.SET " + key + ": " + stored.error().describe());
+      if (!corrupted) return false;
+    }
+  } else {
+    auto reply = peer.plain->command({"SET", key, as_text(bytes)});
+    if (!reply) {
+      ++tally.errors;
+      tally.problem("SET " + key + ": " + reply.error().describe());
+      return false;
+    }
+  }
+  // What the key holds is known only after an accepted write; a refused one leaves it unchanged.
+  tally.samples.record(Clock::now() - started);
+  ++tally.operations;
+  tally.bytes += bytes.size();
+  share.holds[index] = value;
+  return true;
+}
+
+// Reads every key of `share` back with plain GET and counts the ones that do not hold the value
+// last written.
+void verify_share(Peer& peer, Share& share, Tally& tally) {
+  for (std::size_t index = 0; index < share.keys.size(); ++index) {
+    auto reply = peer.plain->command({"GET", share.keys[index]});
+    if (!reply) {
+      ++tally.errors;
+      tally.problem("read-back GET " + share.keys[index] + ": " + reply.error().describe());
+      return;
+    }
+    const std::uint32_t expected = share.value_crcs[share.holds[index]];
+    const bool ok = (*reply)->type == REDIS_REPLY_STRING &&
+                    (*reply)->len == share.landing.size() &&
+                    crc32c(std::as_bytes(std::span<const char>((*reply)->str, (*reply)->len))) ==
+                        expected;
+    if (!ok) {
+      ++tally.mismatches;
+      tally.problem("read-back of " + share.keys[index] + " after SET: not the value written");
+    }
+  }
+}
+
+// Runs `kind` on every client at once for `slice` (each client at least one operation); returns
+// the seconds from the common start to the slowest client's last operation.
+double run_phase(Kind kind, bool get, std::span<Peer> peers, std::span<Share> shares,
+                 std::chrono::nanoseconds slice, Side& side) {
+  const std::size_t count = shares.size();
+  std::vector<Tally> tallies(count);
+  for (auto& tally : tallies) tally.samples.reserve(kSamplesPerThread);
+  std::vector<Clock::time_point> last_done(count);
+  std::latch ready(static_cast<std::ptrdiff_t>(count + 1));
+  std::atomic<Clock::rep> start_ticks{0};
+  std::vector<std::thread> threads;
+  threads.reserve(count);
+  for (std::size_t client = 0; client < count; ++client) {
+    threads.emplace_back([&, client] {
+      ready.arrive_and_wait();
+      const auto deadline = Clock::time_point(Clock::duration(start_ticks.load())) + slice;
+      // At least one operation, so a zero slice is a warm-up.
+      do {
+        if (!one_operation(kind, get, peers[client], shares[client], tallies[client])) break;
+      } while (Clock::now() < deadline);
+      last_done[client] = Clock::now();
+      if (!get) verify_share(peers[client], shares[client], tallies[client]);
+    });
+  }
+  const auto started = Clock::now();
+  start_ticks.store(started.time_since_epoch().count());
+  ready.arrive_and_wait();
+  for (auto& thread : threads) thread.join();
+  // The window ends with the slowest client's last operation; the SET read-back is outside it.
+  const auto ended = *std::max_element(last_done.begin(), last_done.end());
+  const double seconds = std::chrono::duration<double>(ended - started).count();
+  for (auto& tally : tallies) side.add(tally);
+  return seconds;
+}
+
+std::string key_prefix(std::size_t size, std::size_t client) {
+  return "dma-bench:" + format_size(size) + ":" + std::to_string(client) + ":";
+}
+
+// Builds the client's share of a case and seeds its keys with plain SET.
+Result<Share> make_share(Peer& peer, std::size_t size, std::size_t keys, std::size_t client,
+                         std::uint32_t seed) {
+  Share share;
+  share.landing.resize(size);
+  for (std::uint32_t value = 0; value < 2; ++value) {
+    share.values.push_back(tools::make_pattern(size, seed + value));
+    share.value_crcs.push_back(crc32c(share.values.back()));
+  }
+  for (std::size_t index = 0; index < keys; ++index) {
+    share.keys.push_back(key_prefix(size, client) + std::to_string(index));
+    share.holds.push_back(index % 2);
+    auto stored = peer.plain->command({"SET", share.keys.back(), as_text(share.values[index % 2])});
+    if (!stored) return fail(std::move(stored).error());
+  }
+  if (peer.once) {
+    auto landing = peer.once->target->expose(share.landing.data(), share.landing.size());
+    if (!landing) return fail(std::move(landing).error());
+    share.landing_exposed = std::move(*landing);
+    for (auto& value : share.values) {
+      auto exposed = peer.once->target->expose(value.data(), value.size());
+      if (!exposed) return fail(std::move(exposed).error());
+      share.values_exposed.push_back(std::move(*exposed));
+    }
+  }
+  return share;
+}
+
+Status delete_share(Peer& peer, const Share& share) {
+  for (const std::string& key : share.keys) {
+    auto deleted = peer.plain->command({"DEL", key});
+    if (!deleted) return fail(std::move(deleted).error());
+  }
+  return {};
+}
+
+Measurement finish(Side& side, double seconds) {
+  Measurement result = side.measurement;
+  result.seconds = seconds;
+  result.p50_us = side.samples.quantile_us(0.50);
+  result.p99_us = side.samples.quantile_us(0.99);
+  return result;
+}
+
+// One (op, size, clients) case: DMA against plain, interleaved in rounds.
+Result<Case> run_case(const RedisOptions& options, const std::string& op, std::size_t size,
+                      std::size_t clients, std::span<Peer> all_peers, Progress& progress) {
+  const bool get = op == "get";
+  Case row;
+  row.mode = "redis";
+  row.provider = options.provider;
+  row.op = op;
+  row.size = size;
+  row.clients = clients;
+  row.label = get ? "DMA.GET" : "DMA.SET";
+  row.baseline_label = get ? "GET" : "SET";
+  progress.start_case("redis " + options.provider + " " + op + " " + format_size(size) + " x" +
+                      std::to_string(clients) + " clients");
+
+  const std::span<Peer> peers = all_peers.first(clients);
+  const std::size_t keys =
+      std::clamp<std::size_t>(kWorkingSetBytes / (size * clients), 1, kMaxKeysPerClient);
+  std::vector<Share> shares;
+  for (std::size_t client = 0; client < clients; ++client) {
+    auto share = make_share(peers[client], size, keys, client,
+                            static_cast<std::uint32_t>(size * 7 + client * 131));
+    if (!share) return fail(std::move(share).error());
+    shares.push_back(std::move(*share));
+  }
+
+  // Unmeasured: one op of each kind per client (a fabric connection is set up on first use).
+  Side warm;
+  run_phase(Kind::kDma, get, peers, shares, std::chrono::nanoseconds(0), warm);
+  run_phase(Kind::kPlain, get, peers, shares, std::chrono::nanoseconds(0), warm);
+
+  const std::size_t rounds =
+      std::max<std::size_t>(1, static_cast<std::size_t>(options.duration / kRoundLength));
+  const auto slice = std::chrono::duration_cast<std::chrono::nanoseconds>(options.duration) /
+                     static_cast<long>(rounds);
+  Side dma_side;
+  Side plain_side;
+  double dma_seconds = 0;
+  double plain_seconds = 0;
+  for (std::size_t round = 0; round < rounds; ++round) {
+    const bool dma_first = round % 2 == 0;
+    for (const Kind kind : {dma_first ? Kind::kDma : Kind::kPlain,
+                            dma_first ? Kind::kPlain : Kind::kDma}) {
+      Side& side = kind == Kind::kDma ? dma_side : plain_side;
+      (kind == Kind::kDma ? dma_seconds : plain_seconds) +=
+          run_phase(kind, get, peers, shares, slice, side);
+    }
+  }
+  // The warm-up's problems count too: a value that fails to verify fails the run.
+  dma_side.measurement.mismatches += warm.measurement.mismatches;
+  dma_side.measurement.errors += warm.measurement.errors;
+  if (dma_side.first_problem.empty()) dma_side.first_problem = warm.first_problem;
+  for (const Side* side : {&dma_side, &plain_side}) {
+    if (!side->first_problem.empty()) {
+      progress.note("dma-bench redis: " + side->first_problem);
+    }
+  }
+  for (std::size_t client = 0; client < clients; ++client) {
+    if (Status deleted = delete_share(peers[client], shares[client]); !deleted) {
+      return fail(std::move(deleted).error());
+    }
+  }
+  row.ours = finish(dma_side, dma_seconds);
+  row.baseline = finish(plain_side, plain_seconds);
+  progress.finish_case();
+  return row;
+}
+
+Configuration client_configuration(const std::string& provider) {
+  Configuration configuration;
+  configuration.providers = {provider};
+  configuration.bind = "127.0.0.1";
+  return configuration;
+}
+
+Result<std::unique_ptr<tools::RedisServer>> start_server(const std::string& provider) {
+  tools::RedisServer::Options server_options;
+  server_options.module_arguments = {"providers", provider, "bind", "127.0.0.1"};
+  return tools::RedisServer::start(server_options);
+}
+
+// DMA.HELLO then DMA.PROVE for an ExposedOnce, as dma::Client::hello does: registers its
+// target, inserts the server's addresses, and proves the address by exposing the nonce.
+Status hello(ExposedOnce& once) {
+  auto reply = once.connection->command(
+      {"DMA.HELLO", hex_encode(once.target->local_address())});
+  if (!reply) return fail(std::move(reply).error());
+  const redisReply& answer = **reply;
+  if (answer.type != REDIS_REPLY_ARRAY || answer.elements != 2 ||
+      answer.element[0]->type != REDIS_REPLY_STRING ||
+      answer.element[1]->type != REDIS_REPLY_ARRAY || answer.element[1]->elements == 0) {
+    return fail(ErrorCode::kInvalidArgument,
+                "DMA.HELLO returned something other than [nonce, [server addresses]]");
+  }
+  auto nonce = hex_decode(std::string_view(answer.element[0]->str, answer.element[0]->len));
+  if (!nonce || nonce->empty()) {
+    return fail(ErrorCode::kInvalidArgument, "DMA.HELLO returned a bad nonce");
+  }
+  const redisReply& listed = *answer.element[1];
+  for (std::size_t index = 0; index < listed.elements; ++index) {
+    const redisReply* element = listed.element[index];
+    if (element->type != REDIS_REPLY_STRING) {
+      return fail(ErrorCode::kInvalidArgument, "DMA.HELLO returned a non-string address");
+    }
+    auto address = hex_decode(std::string_view(element->str, element->len));
+    if (!address) return fail(std::move(address).error());
+    if (Status added = once.target->add_initiator(*address); !added) return added;
+  }
+  std::vector<std::byte> proof(nonce->size());
+  std::memcpy(proof.data(), nonce->data(), nonce->size());
+  auto exposed = once.target->expose(proof.data(), proof.size());
+  if (!exposed) return fail(std::move(exposed).error());
+  once.target->synchronize();
+  std::vector<std::string> fields{"DMA.PROVE"};
+  region_fields_of(*exposed, fields);
+  auto proven = command_vector(*once.connection, fields);
+  if (!proven) return fail(std::move(proven).error());
+  if ((*proven)->type != REDIS_REPLY_STATUS) {
+    return fail(ErrorCode::kInvalidArgument, "DMA.PROVE returned something other than OK");
+  }
+  return {};
+}
+
+Result<std::vector<Peer>> connect_peers(const std::string& host, int port,
+                                        const std::string& provider, std::size_t count,
+                                        bool expose_once) {
+  std::vector<Peer> peers;
+  for (std::size_t index = 0; index < count; ++index) {
+    Peer peer;
+    if (expose_once) {
+      auto connection = Connection::open(host, port);
+      if (!connection) return fail(std::move(connection).error());
+      auto target = Target::open(client_configuration(provider));
+      if (!target) return fail(std::move(target).error());
+      peer.once = ExposedOnce{std::move(*connection), std::move(*target)};
+      if (Status said = hello(*peer.once); !said) return fail(std::move(said).error());
+    } else {
+      auto client = Client::connect(host, port, client_configuration(provider),
+                                    Client::Options{kReplyTimeout});
+      if (!client) return fail(std::move(client).error());
+      if (Status said = (*client)->hello(); !said) return fail(std::move(said).error());
+      peer.dma = std::move(*client);
+    }
+    auto plain = Connection::open(host, port);
+    if (!plain) return fail(std::move(plain).error());
+    peer.plain = std::move(*plain);
+    peers.push_back(std::move(peer));
+  }
+  return peers;
+}
+
+// A numeric field of INFO (e.g. "used_memory_rss"), or nullopt.
+std::optional<std::uint64_t> info_field(Connection& connection, std::string_view section,
+                                        std::string_view name) {
+  auto reply = connection.command({"INFO", section});
+  if (!reply || (*reply)->type != REDIS_REPLY_STRING) return std::nullopt;
+  const std::string text((*reply)->str, (*reply)->len);
+  const std::string label = std::string(name) + ":";
+  std::size_t at = text.find("\n" + label);
+  if (at == std::string::npos) return std::nullopt;
+  at += 1 + label.size();
+  return std::strtoull(text.c_str() + at, nullptr, 10);
+}
+
+}  // namespace
+
+Result<std::vector<Case>> run_redis(const RedisOptions& options, Progress& progress) {
+  if (options.sizes.empty() || options.clients.empty() || options.ops.empty()) {
+    return fail(ErrorCode::kInvalidArgument, "nothing to run: sizes, clients and ops are needed");
+  }
+  for (const std::string& op : options.ops) {
+    if (op != "get" && op != "set") {
+      return fail(ErrorCode::kInvalidArgument, "op '" + op + "' is neither get nor set");
+    }
+  }
+  std::unique_ptr<tools::RedisServer> server;
+  std::string host = options.host;
+  int port = options.port;
+  if (host.empty()) {
+    auto started = start_server(options.provider);
+    if (!started) return fail(std::move(started).error());
+    server = std::move(*started);
+    host = server->host();
+    port = server->port();
+  }
+  const std::size_t most = *std::max_element(options.clients.begin(), options.clients.end());
+  auto peers = connect_peers(host, port, options.provider, most, options.expose_once);
+  if (!peers) return fail(std::move(peers).error());
+
+  std::vector<Case> rows;
+  for (const std::string& op : options.ops) {
+    for (const std::size_t size : options.sizes) {
+      for (const std::size_t clients : options.clients) {
+        auto row = run_case(options, op, size, clients, *peers, progress);
+        if (!row) return fail(std::move(row).error());
+        rows.push_back(std::move(*row));
+      }
+    }
+  }
+  return rows;
+}
+
+namespace {
+
+// `--memory-check N`: the server's RSS (VmRSS of the server started here, else INFO's
+// used_memory_rss) before, during (after each tenth) and after N 4 KiB DMA.GETs on one client,
+// after a warm-up of N/10, so allocator growth that settles is not counted as a leak.
+Status memory_check(const RedisOptions& options, std::uint64_t count, Progress& progress) {
+  std::unique_ptr<tools::RedisServer> server;
+  std::string host = options.host;
+  int port = options.port;
+  if (host.empty()) {
+    auto started = start_server(options.provider);
+    if (!started) return fail(std::move(started).error());
+    server = std::move(*started);
+    host = server->host();
+    port = server->port();
+  }
+  auto peers = connect_peers(host, port, options.provider, 1, options.expose_once);
+  if (!peers) return fail(std::move(peers).error());
+  Peer& peer = (*peers)[0];
+  auto share = make_share(peer, 4096, kMaxKeysPerClient, 0, 4242);
+  if (!share) return fail(std::move(share).error());
+  Tally tally;
+  auto run = [&](std::uint64_t operations) -> Status {
+    for (std::uint64_t done = 0; done < operations; ++done) {
+      if (!one_operation(Kind::kDma, true, peer, *share, tally)) {
+        return fail(ErrorCode::kFabric, tally.first_problem);
+      }
+    }
+    return {};
+  };
+  auto rss = [&]() -> std::uint64_t {
+    if (server) return server->rss_bytes().value_or(0);
+    return info_field(*peer.plain, "memory", "used_memory_rss").value_or(0);
+  };
+  progress.note("memory check: warm-up of " + std::to_string(count / 10) + " DMA.GETs of 4k");
+  if (Status warmed = run(count / 10); !warmed) return warmed;
+  const std::uint64_t before = rss();
+  const auto used_before = info_field(*peer.plain, "memory", "used_memory").value_or(0);
+  progress.note("memory check: " + std::to_string(count) + " DMA.GETs of 4k");
+  // RSS after each tenth: a leak grows in steps with the count, allocator growth levels off.
+  std::string samples = std::to_string(before >> 10);
+  const auto started = Clock::now();
+  for (std::uint64_t tenth = 0; tenth < 10; ++tenth) {
+    const std::uint64_t chunk = count / 10 + (tenth < count % 10 ? 1 : 0);
+    if (Status ran = run(chunk); !ran) return ran;
+    samples += " " + std::to_string(rss() >> 10);
+    progress.note("memory check: " + std::to_string(tenth + 1) + "/10, server RSS KiB: " + samples);
+  }
+  const double seconds = std::chrono::duration<double>(Clock::now() - started).count();
+  const std::uint64_t after = rss();
+  const auto used_after = info_field(*peer.plain, "memory", "used_memory").value_or(0);
+  std::printf(
+      "memory check (%s): %llu DMA.GETs of 4k in %.1f s (%.0f ops/s), %llu mismatches; "
+      "server RSS %.1f MiB -> %.1f MiB (%+.1f MiB), used_memory %.1f MiB -> %.1f MiB; "
+      "RSS KiB at each tenth: %s\n",
+      options.provider.c_str(), static_cast<unsigned long long>(count), seconds,
+      seconds > 0 ? count / seconds : 0.0, static_cast<unsigned long long>(tally.mismatches),
+      before / 1048576.0, after / 1048576.0,
+      (static_cast<double>(after) - static_cast<double>(before)) / 1048576.0,
+      used_before / 1048576.0, used_after / 1048576.0, samples.c_str());
+  std::fflush(stdout);
+  if (Status deleted = delete_share(peer, *share); !deleted) return deleted;
+  if (tally.mismatches != 0) {
+    return fail(ErrorCode::kCorrupted, std::to_string(tally.mismatches) + " mismatches");
+  }
+  return {};
+}
+
+}  // namespace
+
+void add_redis_command(CLI::App& app, int* status) {
+  auto* command = app.add_subcommand(
+      "redis", "DMA.GET/DMA.SET through the module against plain GET/SET, verified by CRC32C");
+  struct Arguments {
+    RedisOptions options;
+    std::string clients = "1";
+    std::string sizes = "4k,1m,16m";
+    std::string ops = "get,set";
+    double duration_s = 2;
+    bool json = false;
+    std::string registration = "per-op";
+    std::uint64_t memory_check = 0;
+  };
+  auto arguments = std::make_shared<Arguments>();
+  command->add_option("--provider", arguments->options.provider, "tcp, net, shm, ...")
+      ->capture_default_str();
+  command->add_option("--clients", arguments->clients, "client counts, e.g. 1,4")
+      ->capture_default_str();
+  command->add_option("--sizes", arguments->sizes, "value sizes (k, m, g suffixes)")
+      ->capture_default_str();
+  command->add_option("--ops", arguments->ops, "get,set")->capture_default_str();
+  command->add_option("--duration", arguments->duration_s, "seconds per side per case")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  command->add_option("--host", arguments->options.host,
+                      "an existing server (default: start redis-server with the module here)");
+  command->add_option("--port", arguments->options.port, "its port");
+  command->add_flag("--json", arguments->json, "one JSON object per case per line");
+  command->add_option("--registration", arguments->registration,
+                      "per-op: dma::Client (exposes the buffer per call); once: buffers exposed "
+                      "once per case")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"per-op", "once"}));
+  command->add_option("--memory-check", arguments->memory_check,
+                      "instead of the cases: the server's RSS before and after N 4k DMA.GETs");
+  command->callback([arguments, status] {
+    Arguments& a = *arguments;
+    if (!a.options.host.empty() && a.options.port == 0) {
+      std::cerr << "dma-bench redis: --host needs --port\n";
+      *status = 2;
+      return;
+    }
+    a.options.duration = std::chrono::milliseconds(static_cast<long>(a.duration_s * 1000));
+    a.options.expose_once = a.registration == "once";
+    auto sizes = parse_sizes(a.sizes);
+    auto clients = parse_counts(a.clients, "--clients");
+    if (!sizes || !clients) {
+      std::cerr << "dma-bench redis: "
+                << (sizes ? clients.error().message() : sizes.error().message()) << "\n";
+      *status = 2;
+      return;
+    }
+    a.options.sizes = *sizes;
+    a.options.clients = *clients;
+    a.options.ops.clear();
+    for (std::size_t start = 0; start <= a.ops.size();) {
+      const std::size_t end = std::min(a.ops.find(',', start), a.ops.size());
+      a.options.ops.push_back(a.ops.substr(start, end - start));
+      start = end + 1;
+    }
+    for (const std::string& op : a.options.ops) {
+      if (op != "get" && op != "set") {
+        std::cerr << "dma-bench redis: --ops: '" << op << "' is neither get nor set\n";
+        *status = 2;
+        return;
+      }
+    }
+    if (a.memory_check > 0) {
+      Progress progress(1);
+      Status checked = memory_check(a.options, a.memory_check, progress);
+      if (!checked) {
+        std::cerr << "dma-bench redis: " << checked.error().describe() << "\n";
+        *status = 1;
+      }
+      return;
+    }
+    std::vector<Case> rows;
+    {
+      Progress progress(a.options.ops.size() * a.options.sizes.size() * a.options.clients.size());
+      auto ran = run_redis(a.options, progress);
+      if (!ran) {
+        progress.note("dma-bench redis: " + ran.error().describe());
+        *status = 1;
+        return;
+      }
+      rows = std::move(*ran);
+    }
+    if (a.json) {
+      for (const Case& row : rows) std::printf("%s\n", to_json(row).c_str());
+    } else {
+      std::printf("%s", to_table(rows).c_str());
+    }
+    std::fflush(stdout);
+    for (const Case& row : rows) {
+      if (row.ours.mismatches + row.baseline.mismatches + row.ours.errors +
+              row.baseline.errors != 0) {
+        *status = 1;
+      }
+    }
+  });
+}
+
 }  // namespace dma::bench

@@ -20,6 +20,9 @@ struct RedisOptions {
   std::vector<std::size_t> clients{1};
   std::vector<std::string> ops{"get", "set"};
   std::chrono::milliseconds duration{2000};  // per side per case
+  // false: DMA through dma::Client, which exposes (registers) the buffer on every call; true:
+  // the same commands with every buffer exposed once per case.
+  bool expose_once = false;
 };
 
 Result<std::vector<Case>> run_redis(const RedisOptions& options, Progress& progress);

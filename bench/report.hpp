@@ -46,6 +46,8 @@ struct Measurement {
   double p99_us = 0;
   // Heap allocations per operation in the timed window, when the mode counts them.
   std::optional<double> allocations_per_op;
+  // Posts the provider refused with -FI_EAGAIN in the timed window, when the mode counts them.
+  std::optional<std::uint64_t> eagain;
   double ops_per_s() const { return seconds > 0 ? operations / seconds : 0; }
   double gbps() const { return seconds > 0 ? bytes / seconds / 1e9 : 0; }
 };
@@ -88,7 +90,10 @@ std::string to_markdown(const std::vector<Case>& rows);
 // terminal unless forced, so logs stay readable.
 class Progress {
  public:
-  explicit Progress(std::size_t total_cases);
+  // `force`: print one line per case (no "\r") even when stderr is not a terminal.
+  explicit Progress(std::size_t total_cases, bool force = false);
+  // Prints a note on its own line (always, terminal or not), e.g. a warning.
+  void note(std::string_view text);
   void start_case(std::string_view description);
   void finish_case();
   ~Progress();
@@ -97,6 +102,7 @@ class Progress {
   std::size_t total_;
   std::size_t done_ = 0;
   bool terminal_;
+  bool force_;
 };
 
 }  // namespace dma::bench

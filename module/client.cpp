@@ -99,19 +99,42 @@ Result<std::unique_ptr<Client>> Client::connect(const std::string& host, int por
 Status Client::hello() {
   auto reply = run(connection_, {"DMA.HELLO", hex_encode(target_->local_address())});
   if (!reply) return fail(std::move(reply).error());
-  if ((*reply)->type != REDIS_REPLY_ARRAY || (*reply)->elements == 0) {
-    return fail(ErrorCode::kInvalidArgument, "DMA.HELLO returned no server address");
+  // [<nonce-hex>, [<server-address-hex>, ...]]
+  const redisReply& answer = **reply;
+  if (answer.type != REDIS_REPLY_ARRAY || answer.elements != 2 ||
+      answer.element[0]->type != REDIS_REPLY_STRING ||
+      answer.element[1]->type != REDIS_REPLY_ARRAY || answer.element[1]->elements == 0) {
+    return fail(ErrorCode::kInvalidArgument,
+                "DMA.HELLO returned something other than [nonce, [server addresses]]");
   }
+  auto nonce = hex_decode(std::string_view(answer.element[0]->str, answer.element[0]->len));
+  if (!nonce) return fail(std::move(nonce).error());
+  if (nonce->empty()) return fail(ErrorCode::kInvalidArgument, "DMA.HELLO returned an empty nonce");
+  const redisReply& listed = *answer.element[1];
   std::vector<std::vector<std::uint8_t>> addresses;
-  for (std::size_t index = 0; index < (*reply)->elements; ++index) {
-    const redisReply* element = (*reply)->element[index];
+  for (std::size_t index = 0; index < listed.elements; ++index) {
+    const redisReply* element = listed.element[index];
     if (element->type != REDIS_REPLY_STRING) {
       return fail(ErrorCode::kInvalidArgument, "DMA.HELLO returned a non-string address");
     }
     auto address = hex_decode(std::string_view(element->str, element->len));
     if (!address) return fail(std::move(address).error());
+    // Before the proof: the server's read of the nonce needs it on efa-direct.
     if (Status added = target_->add_initiator(*address); !added) return added;
     addresses.push_back(std::move(*address));
+  }
+
+  // The proof: the nonce in memory exposed on our own endpoint, read back by the server. The
+  // buffer and its registration only have to live until DMA.PROVE's reply.
+  std::vector<std::byte> proof(nonce->size());
+  std::memcpy(proof.data(), nonce->data(), nonce->size());
+  auto exposed = target_->expose(proof.data(), proof.size());
+  if (!exposed) return fail(std::move(exposed).error());
+  target_->synchronize();  // our writes to `proof` before the server's read
+  auto proven = run(connection_, with_region({"DMA.PROVE"}, *exposed, proof.size()));
+  if (!proven) return fail(std::move(proven).error());
+  if ((*proven)->type != REDIS_REPLY_STATUS) {
+    return fail(ErrorCode::kInvalidArgument, "DMA.PROVE returned something other than OK");
   }
   server_addresses_ = std::move(addresses);
   return {};

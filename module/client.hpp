@@ -42,8 +42,10 @@ class Client {
   Client(const Client&) = delete;
   Client& operator=(const Client&) = delete;
 
-  // DMA.HELLO: registers this target's address with the server and inserts every server
-  // endpoint's address into the target (efa-direct requires it). Once per connection.
+  // DMA.HELLO then DMA.PROVE: registers this target's address with the server, inserts every
+  // server endpoint's address into the target (efa-direct requires it), then proves the address
+  // is ours by exposing the server's nonce on the target for the server to read back. Once per
+  // connection; after a failure the connection may try again.
   Status hello();
 
   // DMA.GET into `buffer`: the value's length, or nullopt if the key does not exist. Fails if

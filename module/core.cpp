@@ -1,7 +1,13 @@
 #include "core.hpp"
 
+#include <utility>
+
+#include <sys/random.h>
+
 #include <algorithm>
 #include <cctype>
+#include <cerrno>
+#include <cstring>
 #include <limits>
 
 #include "dma/protocol.hpp"
@@ -171,6 +177,97 @@ Result<SetArguments> parse_set_arguments(std::span<const std::string_view> field
   return out;
 }
 
+Result<Nonce> make_nonce() {
+  Nonce nonce{};
+  std::size_t filled = 0;
+  while (filled < nonce.size()) {
+    // getrandom(2): up to 256 bytes from the urandom source never return short once the pool is
+    // initialised, but EINTR is possible before that; loop either way.
+    const ssize_t got = ::getrandom(nonce.data() + filled, nonce.size() - filled, 0);
+    if (got < 0) {
+      if (errno == EINTR) continue;
+      return fail(ErrorCode::kResourceExhausted,
+                  std::string("getrandom failed, no nonce for the hello: ") + std::strerror(errno));
+    }
+    filled += static_cast<std::size_t>(got);
+  }
+  return nonce;
+}
+
+bool matches_nonce(std::span<const std::byte> read, const Nonce& nonce) noexcept {
+  if (read.size() != nonce.size()) return false;
+  // No early exit: the time taken must not say how many leading bytes were right.
+  unsigned difference = 0;
+  for (std::size_t index = 0; index < nonce.size(); ++index) {
+    difference |= std::to_integer<unsigned>(read[index]) ^ nonce[index];
+  }
+  return difference == 0;
+}
+
+Status Sessions::open(std::uint64_t client_id, const Nonce& nonce) {
+  if (sessions_.contains(client_id)) {
+    return fail(ErrorCode::kInvalidArgument,
+                "this connection already has a session (one DMA.HELLO per connection)");
+  }
+  sessions_.emplace(client_id, Session{Stage::kAwaitingProof, nonce});
+  return {};
+}
+
+Status Sessions::check_proven(std::uint64_t client_id) const {
+  const auto found = sessions_.find(client_id);
+  if (found == sessions_.end()) {
+    return fail(ErrorCode::kNotFound,
+                "no session on this connection: send DMA.HELLO <client-address-hex> first");
+  }
+  if (found->second.stage != Stage::kProven) {
+    return fail(ErrorCode::kInvalidArgument,
+                "session not proven: write DMA.HELLO's nonce into memory exposed on the "
+                "advertised address and send DMA.PROVE <rkey> <addr> <len> first");
+  }
+  return {};
+}
+
+Result<Nonce> Sessions::begin_proof(std::uint64_t client_id) {
+  const auto found = sessions_.find(client_id);
+  if (found == sessions_.end()) {
+    return fail(ErrorCode::kNotFound,
+                "no session to prove on this connection: send DMA.HELLO <client-address-hex> "
+                "first");
+  }
+  if (found->second.stage == Stage::kProven) {
+    return fail(ErrorCode::kInvalidArgument, "this session is already proven");
+  }
+  if (found->second.stage == Stage::kProving) {
+    return fail(ErrorCode::kInvalidArgument, "a proof of this session is already running");
+  }
+  found->second.stage = Stage::kProving;
+  return found->second.nonce;
+}
+
+Status Sessions::finish_proof(std::uint64_t client_id, std::span<const std::byte> read) {
+  const auto found = sessions_.find(client_id);
+  if (found == sessions_.end() || found->second.stage != Stage::kProving) {
+    return fail(ErrorCode::kInvalidArgument, "proof refused: no proof of this session is running");
+  }
+  if (!matches_nonce(read, found->second.nonce)) {
+    sessions_.erase(found);
+    return fail(ErrorCode::kInvalidArgument,
+                "proof refused: the bytes read from the advertised address are not this "
+                "session's nonce; the session is closed (say DMA.HELLO again)");
+  }
+  found->second.stage = Stage::kProven;
+  ++proven_;
+  return {};
+}
+
+bool Sessions::close(std::uint64_t client_id) {
+  const auto found = sessions_.find(client_id);
+  if (found == sessions_.end()) return false;
+  if (found->second.stage == Stage::kProven) --proven_;
+  sessions_.erase(found);
+  return true;
+}
+
 TransferContext::TransferContext(Kind kind, std::string key, std::size_t length,
                                  std::optional<std::uint32_t> crc)
     : kind_(kind), key_(std::move(key)), expected_crc_(crc), length_(length) {
@@ -192,13 +289,30 @@ std::unique_ptr<TransferContext> TransferContext::for_set(std::string key, std::
       new TransferContext(Kind::kSet, std::move(key), length, crc));
 }
 
+std::unique_ptr<TransferContext> TransferContext::for_proof(std::uint64_t client_id) {
+  std::unique_ptr<TransferContext> context(
+      new TransferContext(Kind::kProve, {}, kNonceBytes, std::nullopt));
+  context->client_id_ = client_id;
+  return context;
+}
+
 std::span<const std::byte> TransferContext::source() {
   if (kind_ != Kind::kGet) return {};
   return {bytes_.get(), length_};
 }
 
+void TransferContext::on_expired(const Error& error) {
+  if (answer_early == nullptr || blocked == nullptr) return;
+  std::unique_ptr<TransferContext> answer(new TransferContext(kind_, key_, 0, expected_crc_));
+  answer->client_id_ = client_id_;
+  answer->started = started;
+  answer->outcome = Outcome(fail(error));
+  answer->blocked = std::exchange(blocked, nullptr);
+  answer_early(std::move(answer));
+}
+
 std::span<std::byte> TransferContext::allocate(std::size_t length) {
-  if (kind_ != Kind::kSet || length > length_) return {};
+  if (kind_ == Kind::kGet || length > length_) return {};
   return {bytes_.get(), length_};
 }
 

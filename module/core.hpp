@@ -4,9 +4,10 @@
 //
 // Thread-safety: parsing functions are pure. A TransferContext is touched by one thread at a
 // time, handed over through the service (main thread -> worker -> main thread). Counters are
-// relaxed atomics, updated from any thread.
+// relaxed atomics, updated from any thread. Sessions is main-thread only (not thread-safe).
 #pragma once
 
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <cstddef>
@@ -16,6 +17,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <unordered_map>
 #include <vector>
 
 #include "dma/configuration.hpp"
@@ -54,18 +56,78 @@ struct SetArguments {
 Result<SetArguments> parse_set_arguments(std::span<const std::string_view> fields,
                                          std::size_t max_value_size);
 
-// One DMA.GET or DMA.SET in flight. It owns the bytes the transfer moves: for a GET a private
+// ---- the HELLO proof ------------------------------------------------------------------------
+//
+// A session is bound to a fabric address the client *advertises*. Without a proof a client could
+// advertise a third party's address (and the key and address of that party's exposed memory)
+// and have DMA.GET write into memory it does not own. So a session starts unproven: DMA.HELLO
+// hands out a fresh random nonce, the client puts it in memory exposed on its own endpoint, and
+// DMA.PROVE has the server *read* it back from the advertised address (a read, so no byte is
+// written to an address before it is proven) and compare it in constant time. Only a match
+// turns the session proven; only a proven session may DMA.GET or DMA.SET. Anybody able to put
+// the nonce into memory behind that address controls it.
+
+inline constexpr std::size_t kNonceBytes = 32;
+using Nonce = std::array<std::uint8_t, kNonceBytes>;
+
+// A fresh nonce from getrandom(2) (the kernel's CSPRNG), one per hello. Fails only if the kernel
+// refuses (e.g. ENOSYS), never with a weaker source.
+Result<Nonce> make_nonce();
+
+// Whether `read` is exactly `nonce`, in time that depends only on the lengths (which are public).
+bool matches_nonce(std::span<const std::byte> read, const Nonce& nonce) noexcept;
+
+// The sessions of one server, keyed by client (connection) id: each says hello, proves, and is
+// forgotten when its connection goes. Owned by the module state; main thread only.
+class Sessions {
+ public:
+  enum class Stage : std::uint8_t {
+    kAwaitingProof,  // said hello, holds a nonce, may send DMA.PROVE once
+    kProving,        // DMA.PROVE's read is in flight
+    kProven,         // may transfer
+  };
+
+  // Starts a session for `client_id` with `nonce`; fails if the connection already has one.
+  Status open(std::uint64_t client_id, const Nonce& nonce);
+  // Fails unless `client_id`'s session is proven, with a message telling the client what to do.
+  Status check_proven(std::uint64_t client_id) const;
+  // Moves an awaiting session to kProving and returns its nonce; fails (naming why) if there is
+  // no session or it is not awaiting a proof.
+  Result<Nonce> begin_proof(std::uint64_t client_id);
+  // Ends a proof: a match makes the session proven; anything else ends the session (the caller
+  // then removes the peer). Fails if the session is gone or not proving, or on a mismatch.
+  Status finish_proof(std::uint64_t client_id, std::span<const std::byte> read);
+  // Forgets `client_id`'s session; false if it had none.
+  bool close(std::uint64_t client_id);
+
+  bool contains(std::uint64_t client_id) const { return sessions_.contains(client_id); }
+  std::size_t size() const noexcept { return sessions_.size(); }
+  std::size_t proven() const noexcept { return proven_; }
+
+ private:
+  struct Session {
+    Stage stage = Stage::kAwaitingProof;
+    Nonce nonce{};
+  };
+  std::unordered_map<std::uint64_t, Session> sessions_;
+  std::size_t proven_ = 0;
+};
+
+// One DMA.GET, DMA.SET or DMA.PROVE in flight. It owns the bytes the transfer moves: for a GET a private
 // copy of the value taken when the command ran (so an overwrite or DEL during the write cannot
 // change or free what goes on the wire); for a SET the landing buffer the read fills. It outlives
-// the client: whoever frees it (the server's free-privdata callback) frees the bytes.
+// the client: whoever frees it (the server's free-privdata callback) frees the bytes. A proof is
+// a read like a SET whose bytes are compared with the session's nonce instead of stored.
 class TransferContext : public Operands {
  public:
-  enum class Kind : std::uint8_t { kGet, kSet };
+  enum class Kind : std::uint8_t { kGet, kSet, kProve };
   // A GET of `value` (copied).
   static std::unique_ptr<TransferContext> for_get(std::span<const std::byte> value);
   // A SET of `length` bytes into `key`, checked against `crc` when given.
   static std::unique_ptr<TransferContext> for_set(std::string key, std::size_t length,
                                                   std::optional<std::uint32_t> crc);
+  // The read of `client_id`'s proof: kNonceBytes bytes.
+  static std::unique_ptr<TransferContext> for_proof(std::uint64_t client_id);
 
   std::span<const std::byte> source() override;
   std::span<std::byte> allocate(std::size_t length) override;
@@ -74,6 +136,8 @@ class TransferContext : public Operands {
   const std::string& key() const noexcept { return key_; }
   std::optional<std::uint32_t> expected_crc() const noexcept { return expected_crc_; }
   std::span<const std::byte> bytes() const noexcept { return {bytes_.get(), length_}; }
+  // The connection that issued the command (whose session a proof is for).
+  std::uint64_t client_id() const noexcept { return client_id_; }
 
   // The server's handle on the blocked client, opaque here.
   void* blocked = nullptr;
@@ -82,10 +146,20 @@ class TransferContext : public Operands {
   // When the command handed the transfer over, for the latency counters.
   std::chrono::steady_clock::time_point started = std::chrono::steady_clock::now();
 
+  // A transfer that expires (Operands::on_expired) is answered at once, but this context and
+  // its bytes stay with the service until the provider lets go of them. The module sets
+  // `answer_early`; on expiry it receives a bodiless copy (same kind, key and client, the error
+  // as its outcome) that takes over `blocked`, and this context's completion, which comes later
+  // with `blocked` null, only frees it. Runs on the worker thread.
+  using EarlyAnswer = void (*)(std::unique_ptr<TransferContext> answer);
+  EarlyAnswer answer_early = nullptr;
+  void on_expired(const Error& error) override;
+
  private:
   TransferContext(Kind kind, std::string key, std::size_t length,
                   std::optional<std::uint32_t> crc);
   Kind kind_;
+  std::uint64_t client_id_ = 0;
   std::string key_;
   std::optional<std::uint32_t> expected_crc_;
   std::unique_ptr<std::byte[]> bytes_;
@@ -101,6 +175,8 @@ struct Counters {
   std::atomic<std::uint64_t> bytes_from_clients{0};
   std::atomic<std::uint64_t> errors{0};
   std::atomic<std::uint64_t> in_flight{0};
+  // DMA.PROVEs that did not prove (mismatch, failed read, malformed): sessions refused.
+  std::atomic<std::uint64_t> proofs_refused{0};
   // Command-to-completion latency of finished transfers, in microseconds.
   std::atomic<std::uint64_t> latency_total_us{0};
   std::atomic<std::uint64_t> latency_count{0};

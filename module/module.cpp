@@ -1,22 +1,33 @@
-// The Redis/Valkey module: DMA.HELLO, DMA.GET, DMA.SET, DMA.INFO and the `INFO dma` section.
+// The Redis/Valkey module: DMA.HELLO, DMA.PROVE, DMA.GET, DMA.SET, DMA.INFO and the `INFO dma`
+// section.
 //
 // Threads: every command, reply callback and server event runs on the server's main thread,
 // which owns the session set. The fabric workers (and CRC pool threads) only run the batch
 // completer, which records the outcome in the transfer's context and hands it back with
 // RedisModule_UnblockClient (documented thread-safe). The main thread never waits on a transfer:
-// a DMA.GET/SET blocks only its own client. DMA.HELLO waits for the workers to insert the
+// a DMA.GET/SET/PROVE blocks only its own client. DMA.HELLO waits for the workers to insert the
 // client's address (a local address-vector insert, no network round trip), so a bad address
 // fails the hello instead of the first transfer.
+//
+// Sessions (core.hpp, Sessions): DMA.HELLO opens an unproven session and hands out a nonce;
+// DMA.PROVE reads the nonce back from the advertised address and only a match lets the
+// connection transfer. Nothing is ever written to an address before its session is proven.
 //
 // Lifetimes: a TransferContext is owned by the service while the transfer runs, then by the
 // server as the blocked client's private data; free_context (the free-privdata callback) deletes
 // it whether the client is still there, timed out or disconnected. The server never registers
 // memory for remote access: GET sources and SET landing buffers are local operands only.
+//
+// Shutdown: on the server's shutdown event the services are stopped (in-flight transfers finish
+// or fail, workers joined) before the server exits, so no worker is inside libfabric while the
+// process runs its exit-time destructors (libfabric's fi_fini among them).
+#include <dlfcn.h>
+#include <signal.h>
+
 #include <cstring>
 #include <memory>
 #include <string>
 #include <string_view>
-#include <unordered_set>
 #include <vector>
 
 #include "core.hpp"
@@ -33,8 +44,8 @@ namespace {
 struct State {
   ModuleOptions options;
   Counters counters;
-  std::unique_ptr<ServiceSet> services;
-  std::unordered_set<std::uint64_t> sessions;  // client ids with a HELLO; main thread only
+  std::unique_ptr<ServiceSet> services;  // null once the server is shutting down
+  Sessions sessions;                     // main thread only
 };
 State* state = nullptr;
 
@@ -53,11 +64,15 @@ int reply_error(RedisModuleCtx* ctx, ErrorCode code, std::string message) {
   return reply_error(ctx, Error(code, std::move(message)));
 }
 
-// Fails the command unless the connection said hello and may block.
-bool ready_to_transfer(RedisModuleCtx* ctx, std::uint64_t client_id) {
-  if (!state->sessions.contains(client_id)) {
-    reply_error(ctx, ErrorCode::kNotFound,
-                "no session on this connection: send DMA.HELLO <client-address-hex> first");
+void publish_session_count() {
+  state->counters.sessions.store(state->sessions.size(), std::memory_order_relaxed);
+}
+
+// Refuses a blocking command inside MULTI or a script (it would never get its reply), and any
+// transfer once the services have stopped for shutdown.
+bool may_block(RedisModuleCtx* ctx) {
+  if (!state->services) {
+    reply_error(ctx, ErrorCode::kWorkerGone, "the server is shutting down");
     return false;
   }
   if (RedisModule_GetContextFlags(ctx) & REDISMODULE_CTX_FLAGS_DENY_BLOCKING) {
@@ -66,6 +81,24 @@ bool ready_to_transfer(RedisModuleCtx* ctx, std::uint64_t client_id) {
     return false;
   }
   return true;
+}
+
+// Fails the command unless the connection has a proven session and may block.
+bool ready_to_transfer(RedisModuleCtx* ctx, std::uint64_t client_id) {
+  if (Status proven = state->sessions.check_proven(client_id); !proven) {
+    reply_error(ctx, proven.error());
+    return false;
+  }
+  return may_block(ctx);
+}
+
+// Ends a session whose proof failed: the peer goes (once its transfers drain) and the
+// connection may say DMA.HELLO again.
+void refuse_session(std::uint64_t client_id) {
+  state->sessions.close(client_id);
+  publish_session_count();
+  state->counters.proofs_refused.fetch_add(1, std::memory_order_relaxed);
+  if (state->services) state->services->remove_peer(client_id);
 }
 
 // ---- blocked-client callbacks (main thread) ------------------------------------------------
@@ -109,15 +142,50 @@ int reply_timeout(RedisModuleCtx* ctx, RedisModuleString** /*argv*/, int /*argc*
                      "the DMA transfer did not complete in time; for a SET the key is unchanged");
 }
 
+// DMA.PROVE's reply: the read landed (or failed); only the nonce, byte for byte, proves.
+int reply_proof(RedisModuleCtx* ctx, RedisModuleString** /*argv*/, int /*argc*/) {
+  auto* context = static_cast<TransferContext*>(RedisModule_GetBlockedClientPrivateData(ctx));
+  const Outcome& outcome = *context->outcome;
+  const std::uint64_t client_id = context->client_id();
+  if (!outcome) {
+    refuse_session(client_id);
+    return reply_error(ctx, ErrorCode::kInvalidArgument,
+                       "proof refused: could not read the nonce from the advertised address (" +
+                           outcome.error().describe() +
+                           "); the session is closed (say DMA.HELLO again)");
+  }
+  if (Status proven = state->sessions.finish_proof(client_id, context->bytes()); !proven) {
+    refuse_session(client_id);
+    return reply_error(ctx, proven.error());
+  }
+  return RedisModule_ReplyWithSimpleString(ctx, "OK");
+}
+
 void free_context(RedisModuleCtx* /*ctx*/, void* privdata) {
   delete static_cast<TransferContext*>(privdata);
+}
+
+// Runs on the worker thread when a transfer expires: the client gets its error now; the
+// transfer's own context stays with the service until the provider lets go of its bytes.
+void answer_expired(std::unique_ptr<TransferContext> answer) {
+  state->counters.errors.fetch_add(1, std::memory_order_relaxed);
+  state->counters.in_flight.fetch_sub(1, std::memory_order_relaxed);
+  auto* blocked = static_cast<RedisModuleBlockedClient*>(answer->blocked);
+  RedisModule_UnblockClient(blocked, answer.release());
 }
 
 // Runs on a worker or pool thread: hand each finished transfer back to its blocked client.
 void complete_batch(std::span<Completion> batch) {
   for (Completion& completion : batch) {
     auto* context = static_cast<TransferContext*>(completion.context.release());
-    if (completion.outcome) {
+    if (context->blocked == nullptr) {
+      // Expired and already answered (answer_expired); the provider has let go of its bytes.
+      delete context;
+      continue;
+    }
+    if (context->kind() == TransferContext::Kind::kProve) {
+      // Counted by reply_proof (a refused proof), not as traffic.
+    } else if (completion.outcome) {
       if (context->kind() == TransferContext::Kind::kGet) {
         state->counters.gets.fetch_add(1, std::memory_order_relaxed);
         state->counters.bytes_to_clients.fetch_add(completion.outcome->bytes,
@@ -140,16 +208,18 @@ void complete_batch(std::span<Completion> batch) {
   }
 }
 
-// Blocks the client and submits; the reply comes from reply_transfer once the transfer is done.
+// Blocks the client and submits; the reply comes from `reply` (reply_transfer or reply_proof)
+// once the transfer is done.
 int block_and_submit(RedisModuleCtx* ctx, std::unique_ptr<TransferContext> context,
-                     TransferRequest request) {
+                     TransferRequest request, RedisModuleCmdFunc reply = reply_transfer) {
   const Configuration& configuration = state->options.configuration;
   // A safety net only: the service fails every transfer by its own deadlines first.
   const long long timeout_ms = 30000 + configuration.progress_deadline.count() +
                                configuration.completion_deadline.count();
   RedisModuleBlockedClient* blocked =
-      RedisModule_BlockClient(ctx, reply_transfer, reply_timeout, free_context, timeout_ms);
+      RedisModule_BlockClient(ctx, reply, reply_timeout, free_context, timeout_ms);
   context->blocked = blocked;
+  context->answer_early = answer_expired;
   TransferContext* raw = context.get();
   request.context = std::move(context);
   state->counters.in_flight.fetch_add(1, std::memory_order_relaxed);
@@ -173,7 +243,8 @@ std::vector<std::string_view> fields_of(RedisModuleString** argv, int from, int 
 
 // ---- commands (main thread) ------------------------------------------------------------------
 
-// DMA.HELLO <client-address-hex>
+// DMA.HELLO <client-address-hex>  ->  [<nonce-hex>, [<server-endpoint-address-hex>, ...]]
+// Opens an unproven session for this connection and adds the address as its peer.
 int hello_command(RedisModuleCtx* ctx, RedisModuleString** argv, int argc) {
   if (argc != 2) return RedisModule_WrongArity(ctx);
   const std::uint64_t client_id = RedisModule_GetClientId(ctx);
@@ -184,18 +255,57 @@ int hello_command(RedisModuleCtx* ctx, RedisModuleString** argv, int argc) {
   auto address = hex_decode(view_of(argv[1]));
   if (!address) return reply_error(ctx, address.error());
   if (address->empty()) return reply_error(ctx, ErrorCode::kInvalidArgument, "empty address");
+  if (!state->services) return reply_error(ctx, ErrorCode::kWorkerGone, "the server is shutting down");
+  auto nonce = make_nonce();
+  if (!nonce) return reply_error(ctx, nonce.error());
   if (Status added = state->services->add_peer(client_id, *address); !added) {
     return reply_error(ctx, added.error());
   }
-  state->sessions.insert(client_id);
-  state->counters.sessions.store(state->sessions.size(), std::memory_order_relaxed);
+  if (Status opened = state->sessions.open(client_id, *nonce); !opened) {
+    state->services->remove_peer(client_id);
+    return reply_error(ctx, opened.error());
+  }
+  publish_session_count();
+  const std::string nonce_hex = hex_encode(*nonce);
   const auto addresses = state->services->local_addresses();
+  RedisModule_ReplyWithArray(ctx, 2);
+  RedisModule_ReplyWithStringBuffer(ctx, nonce_hex.data(), nonce_hex.size());
   RedisModule_ReplyWithArray(ctx, static_cast<long>(addresses.size()));
   for (const auto& bytes : addresses) {
     const std::string hex = hex_encode(bytes);
     RedisModule_ReplyWithStringBuffer(ctx, hex.data(), hex.size());
   }
   return REDISMODULE_OK;
+}
+
+// DMA.PROVE <rkey> <addr> <len>  ->  OK once the server has read the nonce back from there.
+// One attempt per hello: any failure after the session is found ends the session and removes
+// the peer; the connection may then say DMA.HELLO again (and gets a new nonce).
+int prove_command(RedisModuleCtx* ctx, RedisModuleString** argv, int argc) {
+  if (argc != 4) return RedisModule_WrongArity(ctx);
+  const std::uint64_t client_id = RedisModule_GetClientId(ctx);
+  if (!may_block(ctx)) return REDISMODULE_OK;
+  if (auto started = state->sessions.begin_proof(client_id); !started) {
+    return reply_error(ctx, started.error());
+  }
+  const auto fields = fields_of(argv, 1, argc);
+  auto regions = parse_regions(fields);
+  if (!regions || regions->capacity != kNonceBytes) {
+    refuse_session(client_id);
+    return reply_error(ctx, ErrorCode::kInvalidArgument,
+                       "proof refused: " +
+                           (regions ? "the proof is the nonce's " + std::to_string(kNonceBytes) +
+                                          " bytes, not " + std::to_string(regions->capacity)
+                                    : regions.error().message()) +
+                           "; the session is closed (say DMA.HELLO again)");
+  }
+  TransferRequest request;
+  request.client_id = client_id;
+  request.regions = std::move(regions->regions);
+  request.direction = Direction::kFromPeer;
+  request.length = kNonceBytes;
+  return block_and_submit(ctx, TransferContext::for_proof(client_id), std::move(request),
+                          reply_proof);
 }
 
 // DMA.GET <key> <rkey> <addr> <len> [<rkey> <addr> <len> ...]
@@ -276,13 +386,14 @@ int info_command(RedisModuleCtx* ctx, RedisModuleString** /*argv*/, int argc) {
                 counters.bytes_from_clients.load(std::memory_order_relaxed));
   reply_counter(ctx, "errors", counters.errors.load(std::memory_order_relaxed));
   RedisModule_ReplyWithStringBuffer(ctx, "endpoints", 9);
-  RedisModule_ReplyWithArray(ctx, static_cast<long>(state->services->size()));
-  for (std::size_t index = 0; index < state->services->size(); ++index) {
+  const std::size_t endpoints = state->services ? state->services->size() : 0;
+  RedisModule_ReplyWithArray(ctx, static_cast<long>(endpoints));
+  for (std::size_t index = 0; index < endpoints; ++index) {
     FabricService& service = state->services->at(index);
     const ServiceCounters totals = service.counters();
     const std::string address = hex_encode(service.local_address());
     const std::string description = service.describe().to_string();
-    RedisModule_ReplyWithArray(ctx, 18);
+    RedisModule_ReplyWithArray(ctx, 20);
     RedisModule_ReplyWithStringBuffer(ctx, "address", 7);
     RedisModule_ReplyWithStringBuffer(ctx, address.data(), address.size());
     RedisModule_ReplyWithStringBuffer(ctx, "description", 11);
@@ -294,6 +405,7 @@ int info_command(RedisModuleCtx* ctx, RedisModuleString** /*argv*/, int argc) {
     reply_counter(ctx, "bytes_to_peer", totals.bytes_to_peer);
     reply_counter(ctx, "bytes_from_peer", totals.bytes_from_peer);
     reply_counter(ctx, "eagain", totals.eagain);
+    reply_counter(ctx, "expired", totals.expired);
   }
   return REDISMODULE_OK;
 }
@@ -304,10 +416,23 @@ void on_client_change(RedisModuleCtx* /*ctx*/, RedisModuleEvent /*event*/, std::
                       void* data) {
   if (subevent != REDISMODULE_SUBEVENT_CLIENT_CHANGE_DISCONNECTED || data == nullptr) return;
   const std::uint64_t client_id = static_cast<RedisModuleClientInfo*>(data)->id;
-  if (state->sessions.erase(client_id) == 0) return;
-  state->counters.sessions.store(state->sessions.size(), std::memory_order_relaxed);
+  if (!state->sessions.close(client_id)) return;
+  publish_session_count();
   // The service releases the peer only after the transfers it already has for it finish.
-  state->services->remove_peer(client_id);
+  if (state->services) state->services->remove_peer(client_id);
+}
+
+// The server is about to exit (SHUTDOWN, SIGTERM): stop the workers now, while the process is
+// whole. Transfers in flight finish or fail and their blocked clients are unblocked (their
+// replies are never sent: the server exits next). Later commands cannot arrive.
+void on_shutdown(RedisModuleCtx* ctx, RedisModuleEvent /*event*/, std::uint64_t /*subevent*/,
+                 void* /*data*/) {
+  if (!state->services) return;
+  RedisModule_Log(ctx, "notice", "dma: stopping the fabric services (%llu transfers in flight)",
+                  static_cast<unsigned long long>(
+                      state->counters.in_flight.load(std::memory_order_relaxed)));
+  state->services.reset();
+  RedisModule_Log(ctx, "notice", "dma: fabric services stopped");
 }
 
 void on_info(RedisModuleInfoCtx* ctx, int /*for_crash_report*/) {
@@ -315,7 +440,11 @@ void on_info(RedisModuleInfoCtx* ctx, int /*for_crash_report*/) {
   RedisModule_InfoAddSection(ctx, "");
   RedisModule_InfoAddFieldULongLong(ctx, "sessions",
                                     counters.sessions.load(std::memory_order_relaxed));
-  RedisModule_InfoAddFieldULongLong(ctx, "endpoints", state->services->size());
+  RedisModule_InfoAddFieldULongLong(ctx, "sessions_proven", state->sessions.proven());
+  RedisModule_InfoAddFieldULongLong(ctx, "proofs_refused",
+                                    counters.proofs_refused.load(std::memory_order_relaxed));
+  RedisModule_InfoAddFieldULongLong(ctx, "endpoints",
+                                    state->services ? state->services->size() : 0);
   RedisModule_InfoAddFieldULongLong(ctx, "transfers_to_clients",
                                     counters.gets.load(std::memory_order_relaxed));
   RedisModule_InfoAddFieldULongLong(ctx, "transfers_from_clients",
@@ -332,6 +461,42 @@ void on_info(RedisModuleInfoCtx* ctx, int /*for_crash_report*/) {
                                     counters.latency_max_us.load(std::memory_order_relaxed));
 }
 
+// The shared object a signal handler's code lives in ("" for SIG_DFL/SIG_IGN or unknown).
+std::string object_of(const struct sigaction& action) {
+  const void* code = (action.sa_flags & SA_SIGINFO)
+                         ? reinterpret_cast<const void*>(action.sa_sigaction)
+                         : reinterpret_cast<const void*>(action.sa_handler);
+  if (code == reinterpret_cast<const void*>(SIG_DFL) ||
+      code == reinterpret_cast<const void*>(SIG_IGN)) {
+    return {};
+  }
+  Dl_info info{};
+  if (::dladdr(code, &info) == 0 || info.dli_fname == nullptr) return {};
+  return info.dli_fname;
+}
+
+// Measured on Debian 12: libfabric 1.17 links the psm provider's libinfinipath.so.4, whose
+// library constructor (run when the server dlopens this module, before RedisModule_OnLoad)
+// replaces the SIGINT and SIGTERM handlers with one that calls exit(1). SIGTERM then ends
+// redis-server with status 1, skipping its graceful shutdown and the shutdown event that stops
+// the fabric workers. The server's own handler is gone by the time we run, so the module can
+// only say so; IPATH_NO_BACKTRACE=1 in the server's environment stops the library installing it.
+void warn_if_sigterm_taken(RedisModuleCtx* ctx) {
+  Dl_info server{};
+  struct sigaction terminate {};
+  if (::dladdr(reinterpret_cast<const void*>(RedisModule_GetApi), &server) == 0 ||
+      server.dli_fname == nullptr || ::sigaction(SIGTERM, nullptr, &terminate) != 0) {
+    return;
+  }
+  const std::string owner = object_of(terminate);
+  if (owner.empty() || owner == server.dli_fname) return;
+  RedisModule_Log(ctx, "warning",
+                  "dma: SIGTERM's handler belongs to %s, not the server: SIGTERM will end the "
+                  "server without its graceful shutdown; start it with IPATH_NO_BACKTRACE=1 "
+                  "(libinfinipath) or stop it with SHUTDOWN",
+                  owner.c_str());
+}
+
 struct CommandSpec {
   const char* name;
   RedisModuleCmdFunc function;
@@ -339,9 +504,17 @@ struct CommandSpec {
   int first_key, last_key, key_step;
 };
 
-// Every command the module adds.
+// Every command the module adds. Replies (README, "The Redis/Valkey module"):
+//   DMA.HELLO <client-address-hex>      [<nonce-hex>, [<endpoint-address-hex>...]]; opens an
+//                                       unproven session, once per connection
+//   DMA.PROVE <rkey> <addr> <len>       OK after reading the nonce (len = 32) back from the
+//                                       advertised address; else an error, session closed
+//   DMA.GET <key> <rkey> <addr> <len>.. [length, crc32c] | nil; proven sessions only
+//   DMA.SET <key> <length> [CRC <c>] <rkey> <addr> <len>..  [length, crc32c]; proven only
+//   DMA.INFO                            counters and one entry per endpoint
 constexpr CommandSpec kCommands[] = {
     {"dma.hello", hello_command, "deny-script", 0, 0, 0},
+    {"dma.prove", prove_command, "deny-script", 0, 0, 0},
     {"dma.get", get_command, "readonly deny-script", 1, 1, 1},
     {"dma.set", set_command, "write deny-oom deny-script", 1, 1, 1},
     {"dma.info", info_command, "readonly fast", 0, 0, 0},
@@ -371,6 +544,7 @@ extern "C" __attribute__((visibility("default"))) int RedisModule_OnLoad(RedisMo
   auto fresh = std::make_unique<State>();
   fresh->options = std::move(*options);
   state = fresh.get();
+  warn_if_sigterm_taken(ctx);
   auto services = dma::ServiceSet::start(fresh->options.configuration, complete_batch,
                                          fresh->options.services_per_domain);
   if (!services) {
@@ -391,6 +565,8 @@ extern "C" __attribute__((visibility("default"))) int RedisModule_OnLoad(RedisMo
   }
   RedisModule_SubscribeToServerEvent(ctx, RedisModuleEvent{REDISMODULE_EVENT_CLIENT_CHANGE, 1},
                                      on_client_change);
+  RedisModule_SubscribeToServerEvent(ctx, RedisModuleEvent{REDISMODULE_EVENT_SHUTDOWN, 1},
+                                     on_shutdown);
   RedisModule_RegisterInfoFunc(ctx, on_info);
   for (std::size_t index = 0; index < fresh->services->size(); ++index) {
     RedisModule_Log(ctx, "notice", "dma: endpoint %zu: %s", index,
@@ -403,7 +579,7 @@ extern "C" __attribute__((visibility("default"))) int RedisModule_OnLoad(RedisMo
 extern "C" __attribute__((visibility("default"))) int RedisModule_OnUnload(RedisModuleCtx* ctx) {
   using namespace dma::module;
   if (state == nullptr) return REDISMODULE_OK;
-  if (!state->sessions.empty() || state->counters.in_flight.load() != 0) {
+  if (state->sessions.size() != 0 || state->counters.in_flight.load() != 0) {
     RedisModule_Log(ctx, "warning", "dma: refusing to unload with sessions or transfers open");
     return REDISMODULE_ERR;
   }

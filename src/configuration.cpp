@@ -186,6 +186,26 @@ Result<Configuration> from_table(const toml::table& table, const Locator& locato
 // otherwise; either way the failure leaves here as a Result.
 Result<Configuration> parse(std::string_view text, std::string_view path) {
   const Locator locator(path);
+  // Configuration files are ASCII (every value is a name, an address or a number; a string may
+  // still spell other characters as \u escapes). toml++ 3.3's Unicode whitespace tables reach
+  // __builtin_unreachable() for many code points in U+00A1..U+FEFF (found by fuzz/; upstream
+  // marzer/tomlplusplus#190 and #295, fixed after 3.3), so non-ASCII never reaches it.
+  std::size_t line = 1;
+  std::size_t column = 1;
+  for (const char byte : text) {
+    if (static_cast<unsigned char>(byte) >= 0x80) {
+      toml::source_region region;
+      region.begin = {static_cast<toml::source_index>(line), static_cast<toml::source_index>(column)};
+      return fail(ErrorCode::kConfiguration,
+                  locator.at(region) + "non-ASCII byte; configuration files are ASCII");
+    }
+    if (byte == '\n') {
+      ++line;
+      column = 1;
+    } else {
+      ++column;
+    }
+  }
 #if TOML_EXCEPTIONS
   toml::table table;
   try {

@@ -231,11 +231,13 @@ struct Transfer::State {
   std::unique_ptr<Operands> context;
   std::coroutine_handle<> waiter;
 
+  // The outcome is known: wakes the waiters. `inner` (the caller's context) comes with it, or
+  // later through complete() for a transfer that expired while the provider held it.
   void complete(Outcome result, std::unique_ptr<Operands> inner) {
     std::coroutine_handle<> resume;
     {
       std::lock_guard lock(mutex);
-      outcome = std::move(result);
+      if (!outcome) outcome = std::move(result);  // an expiry already told the waiters
       context = std::move(inner);
       resume = std::exchange(waiter, nullptr);
     }
@@ -257,6 +259,10 @@ class AwaitedOperands final : public Operands {
   bool on_complete(Outcome& outcome) override {
     state_->complete(std::move(outcome), std::move(inner_));
     return true;
+  }
+  void on_expired(const Error& error) override {
+    inner_->on_expired(error);
+    state_->complete(fail(error), nullptr);
   }
   // The caller's context, for a transfer that was never submitted.
   std::unique_ptr<Operands> release() { return std::move(inner_); }

@@ -39,6 +39,12 @@ struct Target::Impl {
           fi_cq_readerr(endpoint->completion_queue(), &failure, 0);
         }
       }
+      // A zero interval busy-polls (waiting on a condition variable, even for zero time, still
+      // takes a futex round trip and gives up the CPU).
+      if (options.poll_interval.count() == 0) {
+        std::this_thread::yield();  // lets a caller waiting on `mutex` in
+        continue;
+      }
       std::unique_lock lock(sleep_mutex);
       stop.wait_for(lock, options.poll_interval,
                     [&] { return !running.load(std::memory_order_acquire); });

@@ -11,15 +11,20 @@ using Clock = std::chrono::steady_clock;
 
 // ---- Channel -----------------------------------------------------------------------------
 
-bool Channel::take(std::vector<Message>& out, bool block) {
+bool Channel::take(std::vector<Message>& out, bool block, std::chrono::milliseconds timeout) {
   if (!block && !pending_.load(std::memory_order_acquire)) {
     return !closed_.load(std::memory_order_acquire);
   }
   std::unique_lock lock(mutex_);
   if (block) {
-    ready_.wait(lock, [&] {
+    const auto ready = [&] {
       return !queue_.empty() || woken_ || closed_.load(std::memory_order_relaxed);
-    });
+    };
+    if (timeout.count() > 0) {
+      ready_.wait_for(lock, timeout, ready);
+    } else {
+      ready_.wait(lock, ready);
+    }
   }
   woken_ = false;
   out.swap(queue_);
@@ -53,6 +58,8 @@ ServiceCounters AtomicCounters::snapshot() const {
   out.bytes_to_peer = bytes_to_peer.load(std::memory_order_relaxed);
   out.bytes_from_peer = bytes_from_peer.load(std::memory_order_relaxed);
   out.eagain = eagain.load(std::memory_order_relaxed);
+  out.expired = expired.load(std::memory_order_relaxed);
+  out.unattributed_errors = unattributed_errors.load(std::memory_order_relaxed);
   return out;
 }
 
@@ -111,26 +118,33 @@ void Worker::run() {
 }
 
 bool Worker::step(bool may_block) {
-  const bool idle = pending_.empty() && in_flight_ == 0;
+  // Expired pieces are not work: a worker holding only those parks (waking to reap them).
+  const bool idle = pending_.empty() && live_in_flight() == 0;
   if (closed_ && idle) {
+    if (held_pieces_ > 0) release_held();
     flush(true, true);
     return false;
   }
   if (idle && may_block) flush(true, true);  // about to park: nothing may wait behind it
-  const bool open = shared_->channel.take(inbox_, may_block && idle && !closed_);
-  if (!open && !closed_) {
-    closed_ = true;
-    closed_at_ = Clock::now();
-  }
+  const bool park = may_block && idle && !closed_;
+  const bool open = shared_->channel.take(
+      inbox_, park, held_pieces_ > 0 ? kHeldPollInterval : std::chrono::milliseconds(0));
+  if (!open) closed_ = true;
   for (Message& message : inbox_) intake(message);
   inbox_.clear();
   if (endpoint_->deferred_closes()->pending()) endpoint_->deferred_closes()->drain();
 
   post();
   const std::size_t reaped = reap();
-  if (closed_ && in_flight_ > 0 && configuration_.completion_deadline.count() > 0 &&
-      Clock::now() - closed_at_ >= configuration_.completion_deadline) {
-    abandon_in_flight();
+  if (live_in_flight() > 0 && configuration_.completion_deadline.count() > 0) {
+    const auto now = Clock::now();
+    if (now >= next_expiry_check_) {
+      expire_overdue(now);
+      // A tenth of the deadline (at most 100 ms) bounds how late a transfer expires.
+      next_expiry_check_ = now + std::min<Clock::duration>(
+                                     configuration_.completion_deadline / 10,
+                                     std::chrono::milliseconds(100));
+    }
   }
   const bool dry = reaped == 0 || in_flight_ == 0;
   flush(dry, false);
@@ -148,6 +162,7 @@ void Worker::intake(Message& message) {
   } else if (auto* remove = std::get_if<RemovePeerMessage>(&message)) {
     auto counted = client_outstanding_.find(remove->client_id);
     if (counted == client_outstanding_.end() || counted->second == 0) {
+      if (counted != client_outstanding_.end()) client_outstanding_.erase(counted);
       peers_->release(remove->client_id);
     } else {
       removal_pending_.insert(remove->client_id);
@@ -254,7 +269,7 @@ Status Worker::prepare(Op& op) {
 
 void Worker::post() {
   std::size_t turns = pending_.size();
-  while (turns-- > 0 && !pending_.empty() && in_flight_ < cap_) {
+  while (turns-- > 0 && !pending_.empty() && live_in_flight() < cap_) {
     Op* op = pending_.front();
     pending_.pop_front();
     op->queued = false;
@@ -263,7 +278,7 @@ void Worker::post() {
       continue;
     }
     bool stalled = false;
-    while (!op->error && !op->posting_done && in_flight_ < cap_) {
+    while (!op->error && !op->posting_done && live_in_flight() < cap_) {
       const RemoteRegion& region = op->request.regions[op->region];
       const std::size_t size =
           std::min({static_cast<std::size_t>(region.length - op->region_offset),
@@ -271,6 +286,7 @@ void Worker::post() {
       Piece* piece = acquire_piece(op);
       const long code = post_piece(*op, *piece, size);
       if (code == 0) {
+        if (op->local_offset == 0) op->posted_at = Clock::now();
         ++in_flight_;
         ++op->in_flight;
         op->eagain = false;
@@ -311,7 +327,12 @@ void Worker::post() {
     if (op->posting_done) continue;  // reaping finishes it
     op->queued = true;
     if (stalled) {
-      pending_.push_back(op);  // EAGAIN: to the back, so other peers get their turn
+      // EAGAIN: to the back, so other peers get their turn, and no more posting this step. The
+      // provider's queue is full (shm) or this peer is not ready (tcp connecting); either way
+      // retrying the rest now only burns calls that fail (measured: thousands per completion
+      // on shm). Reaping comes next and frees room.
+      pending_.push_back(op);
+      break;
     } else {
       pending_.push_front(op);  // the cap is full: keep its place
       break;
@@ -354,10 +375,14 @@ std::size_t Worker::reap() {
       fi_cq_err_entry failure{};
       if (fi_cq_readerr(endpoint_->completion_queue(), &failure, 0) != 1) break;
       auto* piece = static_cast<Piece*>(failure.op_context);
+      if (piece == nullptr || piece->op == nullptr) {
+        // Nothing to attribute it to: shm reports the failed writes to a peer that died as
+        // error entries with no op_context (seen here: err -FI_EIO, flags FI_COMPLETION), so
+        // the operation it meant never completes; the completion deadline fails it.
+        shared_->counters.unattributed_errors.fetch_add(1, std::memory_order_relaxed);
+        continue;
+      }
       Op* op = piece->op;
-      release_piece(piece);
-      --in_flight_;
-      --op->in_flight;
       ++total;
       if (!op->error) {
         // fi_cq_strerror decodes prov_errno; several providers (tcp) put a bare errno there
@@ -369,7 +394,7 @@ std::size_t Worker::reap() {
                               fi_strerror(failure.err) + " (provider error " +
                               std::to_string(failure.prov_errno) + ")");
       }
-      if (op->in_flight == 0 && !op->queued) finish(op, fail(*op->error));
+      piece_done(piece);
       continue;
     }
     if (count < 0) {
@@ -378,21 +403,48 @@ std::size_t Worker::reap() {
     }
     for (ssize_t index = 0; index < count; ++index) {
       auto* piece = static_cast<Piece*>(entries[index].op_context);
-      Op* op = piece->op;
-      release_piece(piece);
-      --in_flight_;
-      --op->in_flight;
-      if (op->in_flight != 0 || op->queued) continue;
-      if (op->error) {
-        finish(op, fail(*op->error));
-      } else if (op->posting_done) {
-        finish(op, TransferDone{op->length, std::nullopt});
-      }
+      if (piece == nullptr || piece->op == nullptr) continue;  // not one of ours (see above)
+      piece_done(piece);
     }
     total += static_cast<std::size_t>(count);
     if (static_cast<std::size_t>(count) < entries.size()) break;
   }
   return total;
+}
+
+void Worker::piece_done(Piece* piece) {
+  Op* op = piece->op;
+  release_piece(piece);
+  --in_flight_;
+  --op->in_flight;
+  if (op->expired) --held_pieces_;
+  if (op->in_flight != 0 || op->queued) return;
+  if (op->error) {
+    finish(op, fail(*op->error));
+  } else if (op->posting_done) {
+    finish(op, TransferDone{op->length, std::nullopt});
+  }
+}
+
+void Worker::expire_overdue(Clock::time_point now) {
+  for (auto& owned : pieces_) {
+    Op* op = owned->op;
+    if (op == nullptr || op->expired || now - op->posted_at < configuration_.completion_deadline) {
+      continue;
+    }
+    op->expired = true;
+    held_pieces_ += op->in_flight;
+    shared_->counters.expired.fetch_add(1, std::memory_order_relaxed);
+    // Replaces an error a piece already reported: the caller learns the transfer is over now,
+    // and that its operand stays held.
+    op->error = Error(ErrorCode::kTimedOut,
+                      "no completion within the " +
+                          std::to_string(configuration_.completion_deadline.count()) +
+                          " ms completion deadline (peer dead or provider stuck); the local "
+                          "buffer stays held until the provider lets go of it");
+    // Still queued (partly posted): post() drops it, as it has an error now.
+    op->request.context->on_expired(*op->error);
+  }
 }
 
 void Worker::finish(Op* op, Outcome outcome) {
@@ -416,10 +468,13 @@ void Worker::finish(Op* op, Outcome outcome) {
   op->request.regions.clear();
   free_ops_.push_back(op);
 
+  // A client's count stays in the map at zero until its remove_peer: erasing it here would
+  // allocate a node per transfer for a client with one request at a time.
   auto counted = client_outstanding_.find(client_id);
-  if (counted != client_outstanding_.end() && --counted->second == 0) {
+  if (counted != client_outstanding_.end() && --counted->second == 0 &&
+      removal_pending_.erase(client_id) != 0) {
     client_outstanding_.erase(counted);
-    if (removal_pending_.erase(client_id) != 0) peers_->release(client_id);
+    peers_->release(client_id);
   }
 }
 
@@ -488,29 +543,12 @@ void Worker::dispatch_checksums() {
   });
 }
 
-void Worker::abandon_in_flight() {
+void Worker::release_held() {
+  // fi_close(ep) returns only once the provider no longer uses the endpoint's operations and
+  // their buffers (fi_endpoint(3)); their completions will never be reported.
   endpoint_->close_endpoint();
-  const std::string why = "no completion within the " +
-                          std::to_string(configuration_.completion_deadline.count()) +
-                          " ms completion deadline at shutdown; the endpoint was closed under it";
   for (auto& owned : pieces_) {
-    Piece* piece = owned.get();
-    if (piece->op == nullptr) continue;  // free
-    Op* op = piece->op;
-    release_piece(piece);
-    --in_flight_;
-    if (!op->error) op->error = Error(ErrorCode::kTimedOut, why);
-    if (--op->in_flight == 0 && !op->queued) finish(op, fail(*op->error));
-  }
-  // Whatever is still queued can no longer be posted.
-  while (!pending_.empty()) {
-    Op* op = pending_.front();
-    pending_.pop_front();
-    op->queued = false;
-    if (op->in_flight == 0) {
-      finish(op, op->error ? fail(*op->error)
-                           : fail(ErrorCode::kWorkerGone, "fabric worker is gone (endpoint closed)"));
-    }
+    if (owned->op != nullptr) piece_done(owned.get());
   }
 }
 
@@ -527,7 +565,7 @@ Worker::Op* Worker::acquire_op() {
   op->length = 0;
   op->operand = LocalOperand{};
   op->region = op->region_offset = op->local_offset = op->in_flight = 0;
-  op->posting_done = op->queued = op->eagain = false;
+  op->posting_done = op->queued = op->eagain = op->expired = false;
   op->error.reset();
   return op;
 }

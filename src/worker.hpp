@@ -14,7 +14,16 @@
 //   4. hands completions to the batch completer, one call per step; checksummed ones go to the
 //      CRC pool in batches, a partial batch flushed whenever the queue runs dry or the worker is
 //      about to park;
-//   5. parks on the channel when nothing is queued or in flight (no spinning while idle).
+//   5. fails, as timed out, every posted transfer that has had no completion for
+//      completion_deadline. Such an "expired" transfer leaves the in-flight cap (so others keep
+//      flowing) but not the worker: its pieces may still be in the provider's hands, so its
+//      context (the operand's owner) and its client's address entry are held until they are
+//      reaped late or the endpoint closes. They still occupy the provider's transmit queue: if
+//      held operations ever filled it, new posts would answer -FI_EAGAIN and fail at the
+//      progress deadline (errors, never a hang). The client is not refused afterwards: on shm
+//      an innocent client's operations queued behind a dead peer's expire too (PROVIDERS.md);
+//   6. parks on the channel when nothing is queued or live in flight (no spinning while idle;
+//      with expired pieces held it wakes every kHeldPollInterval to reap them).
 // The loop can be stepped from a test (step(false)); the thread is a detail.
 //
 // Ownership: the worker owns the endpoint and every libfabric object under it; it is used only
@@ -75,8 +84,10 @@ class Channel {
     return true;
   }
   // Moves everything queued into `out` (which must be empty). With `block`, waits until there is
-  // something, a wake(), or close(). Returns false once closed (and nothing was taken).
-  bool take(std::vector<Message>& out, bool block);
+  // something, a wake(), close(), or (if non-zero) `timeout`. Returns false once closed (and
+  // nothing was taken).
+  bool take(std::vector<Message>& out, bool block,
+            std::chrono::milliseconds timeout = std::chrono::milliseconds(0));
   void close();
   void wake();
   bool closed() const;
@@ -99,6 +110,8 @@ struct AtomicCounters {
   std::atomic<std::uint64_t> bytes_to_peer{0};
   std::atomic<std::uint64_t> bytes_from_peer{0};
   std::atomic<std::uint64_t> eagain{0};
+  std::atomic<std::uint64_t> expired{0};
+  std::atomic<std::uint64_t> unattributed_errors{0};
   ServiceCounters snapshot() const;
 };
 
@@ -122,6 +135,9 @@ struct ServiceShared {
 inline constexpr std::size_t kChecksumBatch = 32;
 bool checksum_flush_due(std::size_t batched, bool queue_dry, bool parking) noexcept;
 
+// How often a worker whose only operations in flight have expired wakes to reap them.
+inline constexpr std::chrono::milliseconds kHeldPollInterval{20};
+
 class Worker {
  public:
   static Result<std::unique_ptr<Worker>> open(const Configuration& configuration,
@@ -139,6 +155,8 @@ class Worker {
 
   const Endpoint& endpoint() const noexcept { return *endpoint_; }
   std::size_t in_flight() const noexcept { return in_flight_; }
+  // Pieces of expired transfers still in the provider's hands (counted in in_flight()).
+  std::size_t held() const noexcept { return held_pieces_; }
   std::size_t queued() const noexcept { return pending_.size(); }
   std::size_t checksums_batched() const noexcept { return checksum_batch_.size(); }
   const PeerAddresses& peers() const noexcept { return *peers_; }
@@ -162,7 +180,9 @@ class Worker {
     bool posting_done = false;
     bool queued = false;  // in pending_
     bool eagain = false;
+    bool expired = false;  // failed at the completion deadline; held until its pieces are reaped
     std::chrono::steady_clock::time_point first_eagain;
+    std::chrono::steady_clock::time_point posted_at;  // its first piece's post
     std::optional<Error> error;
   };
   struct ChecksumItem {
@@ -180,13 +200,19 @@ class Worker {
   // 0, -FI_EAGAIN, or another negative libfabric error.
   long post_piece(Op& op, Piece& piece, std::size_t size);
   std::size_t reap();
+  // One piece is back from the provider (reaped, or its endpoint closed): frees it and finishes
+  // its transfer if that was the last piece and nothing more is to be posted.
+  void piece_done(Piece* piece);
+  // Fails every live transfer posted at least completion_deadline ago (see the steps above).
+  void expire_overdue(std::chrono::steady_clock::time_point now);
+  std::size_t live_in_flight() const noexcept { return in_flight_ - held_pieces_; }
   void finish(Op* op, Outcome outcome);
   void flush(bool queue_dry, bool parking);
   void deliver_now();
   void dispatch_checksums();
-  // Shutdown only: closes the endpoint under operations that outlived completion_deadline and
-  // fails them, so a dropped service cannot hang on a peer that will never answer.
-  void abandon_in_flight();
+  // Shutdown only, once nothing live is in flight: closes the endpoint, after which the provider
+  // no longer touches the held operands, and delivers the expired transfers' completions.
+  void release_held();
   Op* acquire_op();
   Piece* acquire_piece(Op* op);
   void release_piece(Piece* piece);
@@ -201,6 +227,8 @@ class Worker {
   std::vector<Message> inbox_;
   std::deque<Op*> pending_;
   std::size_t in_flight_ = 0;
+  std::size_t held_pieces_ = 0;
+  std::chrono::steady_clock::time_point next_expiry_check_{};
   std::vector<std::unique_ptr<Op>> ops_;  // every Op ever made; reused through free_ops_
   std::vector<Op*> free_ops_;
   std::vector<std::unique_ptr<Piece>> pieces_;
@@ -210,7 +238,6 @@ class Worker {
   std::unordered_map<std::uint64_t, std::size_t> client_outstanding_;
   std::unordered_set<std::uint64_t> removal_pending_;
   bool closed_ = false;
-  std::chrono::steady_clock::time_point closed_at_;
 };
 
 }  // namespace dma::internal

@@ -1,5 +1,6 @@
 // The Redis/Valkey module end to end: a real redis-server loading build/lib/dma.so, real
-// dma::Client and raw hiredis connections, the tcp provider over loopback.
+// dma::Client and raw hiredis connections, the tcp (and, for the HELLO proof, shm) provider over
+// loopback. Also the server's teardown with transfers in flight and the HELLO proof's refusals.
 #include <gtest/gtest.h>
 
 #include <fcntl.h>
@@ -17,6 +18,8 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <map>
+#include <optional>
 #include <sstream>
 #include <thread>
 
@@ -70,16 +73,20 @@ int free_port() {
 // What the sanitizer builds must add to the uninstrumented redis-server's environment so it
 // can load an instrumented module: the runtime has to be loaded first. Reports from inside the
 // server land in its log, which Module::TearDownTestSuite checks (tsan does not halt there).
+//
+// IPATH_NO_BACKTRACE=1 keeps libinfinipath (pulled in by libfabric's psm provider) from replacing
+// the server's SIGTERM handler with one that exits 1 (module.cpp, warn_if_sigterm_taken).
 std::vector<std::string> sanitizer_environment() {
 #if defined(__SANITIZE_ADDRESS__)
   return {"LD_PRELOAD=" + run_output("gcc -print-file-name=libasan.so"),
-          "ASAN_OPTIONS=detect_leaks=0"};
+          "ASAN_OPTIONS=detect_leaks=0", "IPATH_NO_BACKTRACE=1"};
 #elif defined(__SANITIZE_THREAD__)
   return {"LD_PRELOAD=" + run_output("gcc -print-file-name=libtsan.so"),
           "TSAN_OPTIONS=halt_on_error=0:report_signal_unsafe=0:suppressions=" +
-              std::string(DMA_SOURCE_DIR) + "/tests/tsan.supp"};
+              std::string(DMA_SOURCE_DIR) + "/tests/tsan.supp",
+          "IPATH_NO_BACKTRACE=1"};
 #else
-  return {};
+  return {"IPATH_NO_BACKTRACE=1"};
 #endif
 }
 
@@ -151,14 +158,77 @@ long long info_field(Connection& connection, const std::string& name) {
   return std::stoll(text.substr(at + label.size()));
 }
 
+// What a server's log must never contain: a crash, a sanitizer report (asan/ubsan/tsan run inside
+// the server, so they report there), an assertion.
+void expect_clean_log(const std::string& log) {
+  for (const char* report : {"ERROR: AddressSanitizer", "runtime error:", "WARNING: ThreadSanitizer",
+                             "Guru Meditation", "crashed by signal", "ASSERTION FAILED"}) {
+    EXPECT_FALSE(contains(log, report)) << "redis-server reported a problem:\n" << log;
+  }
+}
+
+// DMA.HELLO's reply, parsed: [<nonce-hex>, [<address-hex>...]].
+struct Hello {
+  std::vector<std::uint8_t> nonce;
+  std::vector<std::vector<std::uint8_t>> addresses;
+};
+Result<Hello> parse_hello(const Reply& reply) {
+  if (!reply || reply->type != REDIS_REPLY_ARRAY || reply->elements != 2 ||
+      reply->element[0]->type != REDIS_REPLY_STRING ||
+      reply->element[1]->type != REDIS_REPLY_ARRAY) {
+    return fail(ErrorCode::kInvalidArgument, "not [nonce, [addresses]]: " + error_of(reply));
+  }
+  Hello hello;
+  auto nonce = hex_decode(std::string_view(reply->element[0]->str, reply->element[0]->len));
+  if (!nonce) return fail(std::move(nonce).error());
+  hello.nonce = std::move(*nonce);
+  for (std::size_t index = 0; index < reply->element[1]->elements; ++index) {
+    const redisReply* element = reply->element[1]->element[index];
+    if (element->type != REDIS_REPLY_STRING) return fail(ErrorCode::kInvalidArgument, "address");
+    auto address = hex_decode(std::string_view(element->str, element->len));
+    if (!address) return fail(std::move(address).error());
+    hello.addresses.push_back(std::move(*address));
+  }
+  return hello;
+}
+
+std::vector<std::string> with_region(std::vector<std::string> command, const RemoteRegion& region) {
+  command.push_back(std::to_string(region.key));
+  command.push_back(std::to_string(region.address));
+  command.push_back(std::to_string(region.length));
+  return command;
+}
+
+// Says DMA.HELLO on `connection` with `target`'s address and proves it honestly (the nonce in
+// memory exposed on `target`). Fails with the server's error text.
+Status hello_and_prove(Connection& connection, Target& target) {
+  auto hello = parse_hello(connection.command({"DMA.HELLO", hex_encode(target.local_address())}));
+  if (!hello) return fail(std::move(hello).error());
+  for (const auto& address : hello->addresses) {
+    if (Status added = target.add_initiator(address); !added) return added;
+  }
+  std::vector<std::byte> proof(hello->nonce.size());
+  std::memcpy(proof.data(), hello->nonce.data(), proof.size());
+  auto exposed = target.expose(proof.data(), proof.size());
+  if (!exposed) return fail(std::move(exposed).error());
+  target.synchronize();
+  Reply proven = connection.command(with_region({"DMA.PROVE"}, exposed->whole()));
+  if (!proven || proven->type != REDIS_REPLY_STATUS) {
+    return fail(ErrorCode::kInvalidArgument, "DMA.PROVE: " + error_of(proven));
+  }
+  return {};
+}
+
 // A redis-server child with the module loaded, killed and reaped on destruction.
 class RedisServer {
  public:
   // Starts the server; `extra` are more module arguments. Returns nullptr (with a test failure)
   // if it does not answer PING before the deadline.
-  static std::unique_ptr<RedisServer> start(const std::vector<std::string>& extra = {}) {
+  static std::unique_ptr<RedisServer> start(const std::vector<std::string>& extra = {},
+                                            const std::string& provider = "tcp",
+                                            const std::vector<std::string>& server_options = {}) {
     auto server = std::unique_ptr<RedisServer>(new RedisServer());
-    if (!server->spawn(extra)) return nullptr;
+    if (!server->spawn(extra, true, provider, server_options)) return nullptr;
     const auto deadline = std::chrono::steady_clock::now() + kStartDeadline;
     while (std::chrono::steady_clock::now() < deadline) {
       if (server->exited()) {
@@ -206,11 +276,22 @@ class RedisServer {
       ::kill(pid_, SIGKILL);
       int status = 0;
       ::waitpid(pid_, &status, 0);
+      status_ = 128 + SIGKILL;
     }
     reaped_ = true;
   }
 
   int port() const { return port_; }
+  pid_t pid() const { return pid_; }
+  // Waits up to `deadline` for the server to exit on its own; its exit status (128 + signal if
+  // killed), or -1 if it is still running at the deadline.
+  int wait_for_exit(std::chrono::milliseconds deadline) {
+    const auto until = std::chrono::steady_clock::now() + deadline;
+    while (!exited() && std::chrono::steady_clock::now() < until) {
+      std::this_thread::sleep_for(10ms);  // polling a child that cannot notify us
+    }
+    return exited() ? status_ : -1;
+  }
   bool exited() {
     if (reaped_) return true;
     int status = 0;
@@ -237,17 +318,23 @@ class RedisServer {
     }
   };
 
-  bool spawn(const std::vector<std::string>& extra, bool defaults = true) {
+  bool spawn(const std::vector<std::string>& extra, bool defaults = true,
+             const std::string& provider = "tcp",
+             const std::vector<std::string>& server_options = {}) {
     port_ = free_port();
     log_path_ = (std::filesystem::temp_directory_path() /
                  ("dma-module-" + std::to_string(::getpid()) + "-" + std::to_string(port_) + ".log"))
                     .string();
     std::vector<std::string> arguments = {"redis-server", "--port", std::to_string(port_),
                                           "--bind", "127.0.0.1", "--save", "", "--appendonly",
-                                          "no", "--loadmodule", module_path()};
+                                          "no"};
+    arguments.insert(arguments.end(), server_options.begin(), server_options.end());
+    arguments.push_back("--loadmodule");
+    arguments.push_back(module_path());
     if (defaults) {
-      for (const char* argument : {"providers", "tcp", "bind", "127.0.0.1"}) {
-        arguments.emplace_back(argument);
+      for (const std::string& argument : {std::string("providers"), provider,
+                                          std::string("bind"), std::string("127.0.0.1")}) {
+        arguments.push_back(argument);
       }
     }
     arguments.insert(arguments.end(), extra.begin(), extra.end());
@@ -305,11 +392,7 @@ class Module : public ::testing::Test {
     if (server_ == nullptr) return;
     server_->stop();
     // Under asan the module's errors surface in the server's log, not in this process.
-    const std::string log = server_->log();
-    for (const char* report : {"ERROR: AddressSanitizer", "runtime error:", "WARNING: ThreadSanitizer",
-                               "Guru Meditation", "crashed by signal"}) {
-      EXPECT_FALSE(contains(log, report)) << "redis-server reported a problem:\n" << log;
-    }
+    expect_clean_log(server_->log());
     delete server_;
     server_ = nullptr;
   }
@@ -328,19 +411,12 @@ class Module : public ::testing::Test {
     return said ? std::move(*made) : nullptr;
   }
 
-  // A raw connection that has said hello with `target`'s address.
+  // A raw connection with a proven session for `target`'s address.
   std::unique_ptr<Connection> session(Target& target) {
     auto connection = std::make_unique<Connection>(port());
     EXPECT_TRUE(connection->ok());
-    Reply hello = connection->command({"DMA.HELLO", hex_encode(target.local_address())});
-    EXPECT_TRUE(hello && hello->type == REDIS_REPLY_ARRAY) << error_of(hello);
-    if (hello && hello->type == REDIS_REPLY_ARRAY) {
-      for (std::size_t index = 0; index < hello->elements; ++index) {
-        auto address = hex_decode(std::string_view(hello->element[index]->str,
-                                                   hello->element[index]->len));
-        EXPECT_TRUE(address && target.add_initiator(*address));
-      }
-    }
+    Status proven = hello_and_prove(*connection, target);
+    EXPECT_TRUE(proven) << proven.error().describe();
     return connection;
   }
 
@@ -363,24 +439,25 @@ class Module : public ::testing::Test {
 };
 RedisServer* Module::server_ = nullptr;
 
-TEST_F(Module, hello_replies_with_every_service_address_in_hex_and_only_once) {
-  // A client that cannot learn the server's addresses cannot insert its initiator (efa-direct),
-  // and a second hello on one connection must not stack a second session.
+TEST_F(Module, hello_replies_with_a_fresh_nonce_and_every_service_address_and_only_once) {
+  // A client that cannot learn the server's addresses cannot insert its initiator (efa-direct);
+  // a nonce reused across hellos could be replayed; a second hello on one connection must not
+  // stack a second session.
   auto target = open_target();
   ASSERT_TRUE(target);
   Connection connection(port());
-  Reply hello = connection.command({"DMA.HELLO", hex_encode(target->local_address())});
-  ASSERT_TRUE(hello);
-  ASSERT_EQ(REDIS_REPLY_ARRAY, hello->type) << error_of(hello);
-  ASSERT_GE(hello->elements, 1u);
-  for (std::size_t index = 0; index < hello->elements; ++index) {
-    ASSERT_EQ(REDIS_REPLY_STRING, hello->element[index]->type);
-    auto address = hex_decode(std::string_view(hello->element[index]->str, hello->element[index]->len));
-    ASSERT_TRUE(address);
-    EXPECT_FALSE(address->empty());
-  }
+  auto hello = parse_hello(connection.command({"DMA.HELLO", hex_encode(target->local_address())}));
+  ASSERT_TRUE(hello) << hello.error().describe();
+  EXPECT_EQ(module::kNonceBytes, hello->nonce.size());
+  ASSERT_GE(hello->addresses.size(), 1u);
+  for (const auto& address : hello->addresses) EXPECT_FALSE(address.empty());
   Reply again = connection.command({"DMA.HELLO", hex_encode(target->local_address())});
   EXPECT_TRUE(contains(error_of(again), "already has a session")) << error_of(again);
+
+  Connection other(port());
+  auto second = parse_hello(other.command({"DMA.HELLO", hex_encode(target->local_address())}));
+  ASSERT_TRUE(second) << second.error().describe();
+  EXPECT_NE(hello->nonce, second->nonce) << "every hello must get its own nonce";
 }
 
 TEST_F(Module, hello_refuses_bad_hex_and_unusable_addresses) {
@@ -786,6 +863,153 @@ TEST_F(Module, dma_cli_set_and_get_move_a_file_through_the_module) {
   std::filesystem::remove_all(directory);
 }
 
+TEST_F(Module, a_set_over_max_value_size_is_refused_naming_the_limit_and_the_key_keeps_its_value) {
+  // An oversized SET must fail before any byte is read or allocated, say which limit it hit and
+  // its value, and leave the stored value alone.
+  auto target = open_target();
+  ASSERT_TRUE(target);
+  auto connection = session(*target);
+  ASSERT_TRUE(connection->command({"SET", "limited", "before"}));
+  std::vector<std::byte> memory(4096);
+  auto exposed = target->expose(memory.data(), memory.size());
+  ASSERT_TRUE(exposed);
+  const std::string error = error_of(connection->command(
+      with_region({"DMA.SET", "limited", std::to_string(module::kDefaultMaxValueSize + 1)},
+                  exposed->whole())));
+  EXPECT_TRUE(contains(error, "max-value-size " + std::to_string(module::kDefaultMaxValueSize)))
+      << error;
+  EXPECT_TRUE(contains(error, std::to_string(module::kDefaultMaxValueSize + 1))) << error;
+  Reply value = connection->command({"GET", "limited"});
+  ASSERT_TRUE(value && value->type == REDIS_REPLY_STRING);
+  EXPECT_EQ("before", std::string(value->str, value->len));
+}
+
+TEST_F(Module, a_get_into_a_region_smaller_than_the_value_names_both_sizes_and_writes_nothing) {
+  // A GET that does not fit must be refused before the write: writing a prefix (or past the
+  // region) would scribble over whatever the client keeps next to it.
+  auto target = open_target();
+  ASSERT_TRUE(target);
+  auto connection = session(*target);
+  ASSERT_TRUE(connection->command({"SET", "does-not-fit", std::string(100, 'v')}));
+  std::vector<std::byte> memory(128, std::byte{0x5a});
+  auto exposed = target->expose(memory.data(), memory.size());
+  ASSERT_TRUE(exposed);
+  const std::string error = error_of(
+      connection->command(with_region({"DMA.GET", "does-not-fit"}, exposed->region(0, 50))));
+  EXPECT_TRUE(contains(error, "hold 50 bytes")) << error;
+  EXPECT_TRUE(contains(error, "value's 100")) << error;
+  target->synchronize();
+  EXPECT_TRUE(std::all_of(memory.begin(), memory.end(), [](std::byte b) { return b == std::byte{0x5a}; }))
+      << "a refused GET wrote into the client's memory";
+}
+
+TEST_F(Module, a_client_disconnecting_mid_set_never_leaves_a_partial_or_foreign_value) {
+  // A SET abandoned by its client (connection closed, target gone, while the read is in flight)
+  // must leave the key holding the old value or the whole new one, never a mix; the server must
+  // keep serving.
+  Connection watcher(port());
+  const std::size_t size = std::size_t{16} << 20;
+  const auto old_value = pattern(size, 61);
+  ASSERT_TRUE(watcher.command({"SET", "abandoned-set", as_string(old_value)}));
+  const auto new_value = pattern(size, 62);
+  for (int round = 0; round < 3; ++round) {
+    SCOPED_TRACE("round " + std::to_string(round));
+    auto target = open_target();
+    ASSERT_TRUE(target);
+    auto connection = session(*target);
+    std::vector<std::byte> memory = new_value;
+    auto registered = target->expose(memory.data(), memory.size());
+    ASSERT_TRUE(registered);
+    std::optional<Exposed> exposed(std::move(*registered));
+    connection->send(with_region({"DMA.SET", "abandoned-set", std::to_string(size), "CRC",
+                                  std::to_string(crc32c(new_value))},
+                                 exposed->whole()));
+    connection->close();
+    exposed.reset();  // the registration goes: a read still on the wire now fails
+    target.reset();       // and the endpoint with it (memory outlives both)
+    const auto deadline = std::chrono::steady_clock::now() + 60s;
+    while (info_field(watcher, "in_flight") != 0 && std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(20ms);  // polling the server's counters
+    }
+    ASSERT_EQ(0, info_field(watcher, "in_flight")) << "the abandoned SET never finished";
+    Reply value = watcher.command({"GET", "abandoned-set"});
+    ASSERT_TRUE(value && value->type == REDIS_REPLY_STRING);
+    const std::string stored(value->str, value->len);
+    EXPECT_TRUE(stored == as_string(old_value) || stored == as_string(new_value))
+        << "the key holds " << stored.size() << " bytes that are neither the old nor the new value";
+  }
+  auto dma = client();
+  ASSERT_TRUE(dma);
+  const auto value = pattern(4096, 63);
+  ASSERT_TRUE(dma->set("after-abandoned-set", value));
+  std::vector<std::byte> buffer(4096);
+  auto read = dma->get("after-abandoned-set", buffer);
+  ASSERT_TRUE(read && read->has_value());
+  EXPECT_TRUE(buffer == value);
+}
+
+TEST_F(Module, re_advertising_on_new_connections_while_old_transfers_fly_serves_everyone) {
+  // A client that restarts (new target, new address) or opens a second connection from the same
+  // target while its old connection still has transfers in flight must be served correctly, and
+  // closing the old connection must not pull the shared address out from under the new one.
+  const std::size_t size = std::size_t{32} << 20;
+  const auto big = pattern(size, 71);
+  Connection writer(port());
+  ASSERT_TRUE(writer.command({"SET", "re-hello-big", as_string(big)}));
+  auto first = open_target();
+  ASSERT_TRUE(first);
+  auto old_connection = session(*first);
+  std::vector<std::byte> landing(size);
+  auto exposed = first->expose(landing.data(), landing.size());
+  ASSERT_TRUE(exposed);
+  const auto get_big = with_region({"DMA.GET", "re-hello-big"}, exposed->whole());
+  old_connection->send(get_big);
+  old_connection->send(get_big);
+
+  // A restarted client: a new target and address on a new connection.
+  auto restarted = client();
+  ASSERT_TRUE(restarted);
+  const auto small = pattern(70000, 72);
+  ASSERT_TRUE(restarted->set("re-hello-small", small));
+  // The same target (same address) on a second connection.
+  auto same_address = session(*first);
+  std::vector<std::byte> small_memory(70000);
+  auto small_exposed = first->expose(small_memory.data(), small_memory.size());
+  ASSERT_TRUE(small_exposed);
+  Reply got = same_address->command(with_region({"DMA.GET", "re-hello-small"}, small_exposed->whole()));
+  ASSERT_TRUE(got && got->type == REDIS_REPLY_ARRAY) << error_of(got);
+  first->synchronize();
+  EXPECT_TRUE(small_memory == small);
+
+  // The old connection's transfers complete into the old memory, then it goes away.
+  for (int index = 0; index < 2; ++index) {
+    Reply done = old_connection->receive();
+    ASSERT_TRUE(done && done->type == REDIS_REPLY_ARRAY) << error_of(done);
+    EXPECT_EQ(static_cast<long long>(crc32c(big)), done->element[1]->integer);
+  }
+  first->synchronize();
+  EXPECT_TRUE(landing == big);
+  old_connection->send(get_big);
+  old_connection->close();  // with a transfer (likely) in flight
+  std::fill(small_memory.begin(), small_memory.end(), std::byte{0});
+  first->synchronize();
+  got = same_address->command(with_region({"DMA.GET", "re-hello-small"}, small_exposed->whole()));
+  ASSERT_TRUE(got && got->type == REDIS_REPLY_ARRAY)
+      << "the second connection lost its address when the first closed: " << error_of(got);
+  first->synchronize();
+  EXPECT_TRUE(small_memory == small);
+  std::vector<std::byte> back(70000);
+  auto read = restarted->get("re-hello-small", back);
+  ASSERT_TRUE(read && read->has_value());
+  EXPECT_TRUE(back == small);
+  // Keep `first` and its memory until the abandoned GET is done with them.
+  const auto deadline = std::chrono::steady_clock::now() + 60s;
+  while (info_field(writer, "in_flight") != 0 && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(20ms);  // polling the server's counters
+  }
+  EXPECT_EQ(0, info_field(writer, "in_flight"));
+}
+
 TEST(ModuleLoad, a_bad_module_argument_fails_the_load_and_names_it) {
   // A typo in the module's arguments must stop the server at startup with the argument named,
   // not run with a silently different configuration.
@@ -848,6 +1072,323 @@ TEST(ModuleServices, several_services_share_the_load_and_a_custom_limit_holds) {
   server->stop();
 }
 
+
+// ---- the HELLO proof, on every provider that runs here -------------------------------------
+
+// One server per provider for the proof suite.
+class ModuleProof : public ::testing::TestWithParam<std::string> {
+ protected:
+  static void TearDownTestSuite() {
+    for (auto& [provider, server] : servers()) {
+      server->stop();
+      expect_clean_log(server->log());
+    }
+    servers().clear();
+  }
+  void SetUp() override {
+    auto& server = servers()[GetParam()];
+    if (!server) server = RedisServer::start({}, GetParam());
+    ASSERT_TRUE(server) << "redis-server with the module on " << GetParam() << " did not start";
+    port_ = server->port();
+  }
+  static std::map<std::string, std::unique_ptr<RedisServer>>& servers() {
+    static std::map<std::string, std::unique_ptr<RedisServer>> all;
+    return all;
+  }
+  std::unique_ptr<Target> open_target() {
+    auto target = Target::open(loopback(GetParam()));
+    EXPECT_TRUE(target) << target.error().describe();
+    return target ? std::move(*target) : nullptr;
+  }
+  int port_ = 0;
+};
+
+TEST_P(ModuleProof, a_hello_advertising_another_targets_address_is_refused_and_its_memory_is_untouched) {
+  // Without the proof a client could advertise a victim's address and have DMA.GET write into
+  // the victim's memory. The server must refuse the session, never write a byte to the victim,
+  // and refuse GET and SET on that connection.
+  auto attacker = open_target();
+  auto victim = open_target();
+  ASSERT_TRUE(attacker && victim);
+  std::vector<std::byte> victim_memory = pattern(4096, 81);
+  const std::vector<std::byte> victim_before = victim_memory;
+  auto victim_exposed = victim->expose(victim_memory.data(), victim_memory.size());
+  ASSERT_TRUE(victim_exposed);
+  Connection connection(port_);
+  ASSERT_TRUE(connection.command({"SET", "lure", std::string(4096, 'L')}));
+  auto hello = parse_hello(connection.command({"DMA.HELLO", hex_encode(victim->local_address())}));
+  ASSERT_TRUE(hello) << hello.error().describe();
+  // The attacker knows the nonce, and puts it in its own memory: that proves nothing about the
+  // victim's address.
+  std::vector<std::byte> attacker_memory(hello->nonce.size());
+  std::memcpy(attacker_memory.data(), hello->nonce.data(), attacker_memory.size());
+  auto attacker_exposed = attacker->expose(attacker_memory.data(), attacker_memory.size());
+  ASSERT_TRUE(attacker_exposed);
+
+  // Before any proof: no transfer at all.
+  std::string error = error_of(connection.command(
+      with_region({"DMA.GET", "lure"}, victim_exposed->whole())));
+  EXPECT_TRUE(contains(error, "session not proven")) << error;
+  error = error_of(connection.command(
+      with_region({"DMA.SET", "lure", "4096"}, victim_exposed->whole())));
+  EXPECT_TRUE(contains(error, "session not proven")) << error;
+
+  // The proof names the victim's memory (which does not hold the nonce): refused.
+  error = error_of(connection.command(
+      with_region({"DMA.PROVE"}, victim_exposed->region(0, hello->nonce.size()))));
+  EXPECT_TRUE(contains(error, "proof refused")) << error;
+  error = error_of(connection.command(with_region({"DMA.GET", "lure"}, victim_exposed->whole())));
+  EXPECT_TRUE(contains(error, "no session")) << error;
+  error = error_of(connection.command(
+      with_region({"DMA.SET", "lure", "4096"}, victim_exposed->whole())));
+  EXPECT_TRUE(contains(error, "no session")) << error;
+
+  victim->synchronize();
+  EXPECT_TRUE(victim_memory == victim_before) << "the victim's memory changed";
+  Reply lure = connection.command({"GET", "lure"});
+  ASSERT_TRUE(lure && lure->type == REDIS_REPLY_STRING);
+  EXPECT_EQ(std::string(4096, 'L'), std::string(lure->str, lure->len));
+
+  // The victim itself still proves and transfers normally.
+  Connection honest(port_);
+  Status proven = hello_and_prove(honest, *victim);
+  ASSERT_TRUE(proven) << proven.error().describe();
+  Reply got = honest.command(with_region({"DMA.GET", "lure"}, victim_exposed->whole()));
+  ASSERT_TRUE(got && got->type == REDIS_REPLY_ARRAY) << error_of(got);
+}
+
+TEST_P(ModuleProof, a_wrong_nonce_is_refused_and_the_connection_may_say_hello_again) {
+  // A proof with one bit wrong must not open the session; after the refusal the same
+  // connection must be able to start over with a new nonce and prove honestly.
+  auto target = open_target();
+  ASSERT_TRUE(target);
+  Connection connection(port_);
+  auto hello = parse_hello(connection.command({"DMA.HELLO", hex_encode(target->local_address())}));
+  ASSERT_TRUE(hello) << hello.error().describe();
+  for (const auto& address : hello->addresses) ASSERT_TRUE(target->add_initiator(address));
+  std::vector<std::byte> proof(hello->nonce.size());
+  std::memcpy(proof.data(), hello->nonce.data(), proof.size());
+  proof.back() ^= std::byte{1};
+  auto exposed = target->expose(proof.data(), proof.size());
+  ASSERT_TRUE(exposed);
+  target->synchronize();
+  std::string error = error_of(connection.command(with_region({"DMA.PROVE"}, exposed->whole())));
+  EXPECT_TRUE(contains(error, "proof refused")) << error;
+  EXPECT_TRUE(contains(error, "not this session's nonce")) << error;
+  error = error_of(connection.command({"DMA.GET", "k", "1", "0", "8"}));
+  EXPECT_TRUE(contains(error, "no session")) << error;
+  // The right bytes after the refusal are too late: that nonce is spent.
+  proof.back() ^= std::byte{1};
+  target->synchronize();
+  error = error_of(connection.command(with_region({"DMA.PROVE"}, exposed->whole())));
+  EXPECT_TRUE(contains(error, "no session to prove")) << error;
+
+  Status proven = hello_and_prove(connection, *target);
+  ASSERT_TRUE(proven) << proven.error().describe();
+  std::vector<std::byte> memory = pattern(5000, 82);
+  auto value = target->expose(memory.data(), memory.size());
+  ASSERT_TRUE(value);
+  Reply stored = connection.command(
+      with_region({"DMA.SET", "after-reproof", "5000", "CRC", std::to_string(crc32c(memory))},
+                  value->whole()));
+  ASSERT_TRUE(stored && stored->type == REDIS_REPLY_ARRAY) << error_of(stored);
+}
+
+TEST_P(ModuleProof, prove_without_hello_twice_or_of_the_wrong_length_is_refused) {
+  // PROVE must only ever complete a pending hello: without one there is nothing to prove, a
+  // proven session cannot be re-proven, and a read of the wrong length cannot be the nonce.
+  auto target = open_target();
+  ASSERT_TRUE(target);
+  std::vector<std::byte> memory(64);
+  auto exposed = target->expose(memory.data(), memory.size());
+  ASSERT_TRUE(exposed);
+  Connection fresh(port_);
+  std::string error = error_of(fresh.command(with_region({"DMA.PROVE"}, exposed->region(0, 32))));
+  EXPECT_TRUE(contains(error, "no session to prove")) << error;
+  EXPECT_TRUE(contains(error_of(fresh.command({"DMA.PROVE", "1", "2"})), "wrong number of arguments"));
+
+  Connection short_proof(port_);
+  ASSERT_TRUE(parse_hello(short_proof.command({"DMA.HELLO", hex_encode(target->local_address())})));
+  error = error_of(short_proof.command(with_region({"DMA.PROVE"}, exposed->region(0, 16))));
+  EXPECT_TRUE(contains(error, "32 bytes, not 16")) << error;
+  error = error_of(short_proof.command({"DMA.GET", "k", "1", "0", "8"}));
+  EXPECT_TRUE(contains(error, "no session")) << error;
+
+  Connection proven(port_);
+  Status done = hello_and_prove(proven, *target);
+  ASSERT_TRUE(done) << done.error().describe();
+  error = error_of(proven.command(with_region({"DMA.PROVE"}, exposed->region(0, 32))));
+  EXPECT_TRUE(contains(error, "already proven")) << error;
+  // ... and that refusal does not end the proven session.
+  ASSERT_TRUE(proven.command({"SET", "still-proven", "x"}));
+  Reply got = proven.command(with_region({"DMA.GET", "still-proven"}, exposed->region(0, 8)));
+  ASSERT_TRUE(got && got->type == REDIS_REPLY_ARRAY) << error_of(got);
+}
+
+TEST_P(ModuleProof, the_honest_client_proves_transparently_and_round_trips_values) {
+  // dma::Client::hello() must do the whole exchange itself: callers see set/get work as before.
+  auto made = Client::connect("127.0.0.1", port_, loopback(GetParam()));
+  ASSERT_TRUE(made) << made.error().describe();
+  Status said = (*made)->hello();
+  ASSERT_TRUE(said) << said.error().describe();
+  for (std::size_t size : {std::size_t{1}, std::size_t{4096}, std::size_t{3} << 20}) {
+    const auto value = pattern(size, static_cast<std::uint32_t>(size));
+    ASSERT_TRUE((*made)->set("honest-" + std::to_string(size), value));
+    std::vector<std::byte> back(size);
+    auto read = (*made)->get("honest-" + std::to_string(size), back);
+    ASSERT_TRUE(read && read->has_value()) << (read ? "nil" : read.error().describe());
+    EXPECT_TRUE(back == value);
+  }
+  Connection connection(port_);
+  EXPECT_LE(1, info_field(connection, "sessions_proven"));
+}
+
+INSTANTIATE_TEST_SUITE_P(Providers, ModuleProof, ::testing::Values("tcp", "shm"),
+                         [](const auto& param_info) { return param_info.param; });
+
+// ---- teardown with transfers in flight -----------------------------------------------------
+
+// Several clients, each with many large DMA.GETs and DMA.SETs queued, so the server has
+// transfers in flight when it is told to stop. Waits (with a deadline) until it has.
+class Flood {
+ public:
+  static constexpr int kClients = 3;
+  static constexpr int kQueued = 6;
+  static constexpr std::size_t kSize = std::size_t{16} << 20;
+
+  explicit Flood(int port) : watcher_(port) {
+    EXPECT_TRUE(watcher_.command({"SET", "flood", std::string(kSize, 'f')}));
+    for (int index = 0; index < kClients; ++index) {
+      auto target = Target::open(loopback("tcp"));
+      if (!target) {
+        ADD_FAILURE() << target.error().describe();
+        return;
+      }
+      auto& client = clients_.emplace_back();
+      client.target = std::move(*target);
+      client.connection = std::make_unique<Connection>(port);
+      Status proven = hello_and_prove(*client.connection, *client.target);
+      EXPECT_TRUE(proven) << proven.error().describe();
+      client.memory = pattern(kSize, static_cast<std::uint32_t>(index));
+      auto exposed = client.target->expose(client.memory.data(), client.memory.size());
+      if (!exposed) {
+        ADD_FAILURE() << exposed.error().describe();
+        return;
+      }
+      client.exposed.emplace(std::move(*exposed));
+    }
+    for (int round = 0; round < kQueued; ++round) {
+      for (int index = 0; index < kClients; ++index) {
+        auto& client = clients_[index];
+        if (round % 2 == 0) {
+          client.connection->send(with_region({"DMA.GET", "flood"}, client.exposed->whole()));
+        } else {
+          client.connection->send(with_region(
+              {"DMA.SET", "flood-" + std::to_string(index), std::to_string(kSize)},
+              client.exposed->whole()));
+        }
+      }
+    }
+  }
+  // True once the server reports a transfer in flight (false at the deadline).
+  bool in_flight() {
+    const auto deadline = std::chrono::steady_clock::now() + 60s;
+    while (std::chrono::steady_clock::now() < deadline) {
+      if (info_field(watcher_, "in_flight") > 0) return true;
+      std::this_thread::yield();
+    }
+    return false;
+  }
+  Connection& watcher() { return watcher_; }
+
+ private:
+  struct Client {
+    // Declaration order is teardown order reversed: the registration goes before the target.
+    std::unique_ptr<Target> target;
+    std::vector<std::byte> memory;
+    std::optional<Exposed> exposed;
+    std::unique_ptr<Connection> connection;
+  };
+  Connection watcher_;
+  std::vector<Client> clients_;
+};
+
+TEST(ModuleTeardown, shutdown_nosave_with_transfers_in_flight_exits_cleanly) {
+  // SHUTDOWN while clients are blocked in DMA.GET/SET must stop the fabric workers before the
+  // process exits: a worker inside libfabric during exit-time destructors crashes the server
+  // (or hangs it) instead of exiting 0.
+  auto server = RedisServer::start();
+  ASSERT_TRUE(server);
+  Flood flood(server->port());
+  ASSERT_TRUE(flood.in_flight()) << "no transfer was ever in flight";
+  flood.watcher().send({"SHUTDOWN", "NOSAVE"});
+  EXPECT_EQ(0, server->wait_for_exit(60s)) << server->log();
+  const std::string log = server->log();
+  expect_clean_log(log);
+  EXPECT_TRUE(contains(log, "dma: fabric services stopped")) << log;
+}
+
+TEST(ModuleTeardown, sigterm_with_transfers_in_flight_exits_cleanly) {
+  // SIGTERM (what service managers send) takes the same path as SHUTDOWN and must be as clean
+  // (with IPATH_NO_BACKTRACE=1 in the server's environment, see sanitizer_environment).
+  auto server = RedisServer::start();
+  ASSERT_TRUE(server);
+  Flood flood(server->port());
+  ASSERT_TRUE(flood.in_flight()) << "no transfer was ever in flight";
+  ASSERT_EQ(0, ::kill(server->pid(), SIGTERM));
+  EXPECT_EQ(0, server->wait_for_exit(60s)) << server->log();
+  const std::string log = server->log();
+  expect_clean_log(log);
+  EXPECT_TRUE(contains(log, "dma: fabric services stopped")) << log;
+}
+
+TEST(ModuleTeardown, module_unload_is_refused_while_sessions_are_open_and_an_idle_reload_serves) {
+  // MODULE UNLOAD under open sessions would free the workers their transfers run on: it must be
+  // refused with the module still serving. Once idle, unload and load again must give a module
+  // that serves (libfabric re-initialised, no stale state).
+  auto server = RedisServer::start({}, "tcp", {"--enable-module-command", "local"});
+  ASSERT_TRUE(server);
+  auto target = Target::open(loopback("tcp"));
+  ASSERT_TRUE(target);
+  std::vector<std::byte> memory(16);
+  auto exposed = (*target)->expose(memory.data(), memory.size());
+  ASSERT_TRUE(exposed);
+  Connection admin(server->port());
+  {
+    Connection connection(server->port());
+    ASSERT_TRUE(hello_and_prove(connection, **target));
+    const std::string error = error_of(admin.command({"MODULE", "UNLOAD", "dma"}));
+    EXPECT_TRUE(contains(error, "ERR")) << error;
+    EXPECT_TRUE(contains(server->log(), "refusing to unload")) << server->log();
+    ASSERT_TRUE(connection.command({"SET", "after-unload-refused", "kept"}));
+    Reply got = connection.command(with_region({"DMA.GET", "after-unload-refused"}, exposed->whole()));
+    ASSERT_TRUE(got && got->type == REDIS_REPLY_ARRAY) << error_of(got);
+  }
+  const auto deadline = std::chrono::steady_clock::now() + 30s;
+  while (info_field(admin, "sessions") != 0 && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(10ms);  // the disconnect reaches the server asynchronously
+  }
+  ASSERT_EQ(0, info_field(admin, "sessions"));
+  Reply unloaded = admin.command({"MODULE", "UNLOAD", "dma"});
+  ASSERT_TRUE(unloaded && unloaded->type == REDIS_REPLY_STATUS) << error_of(unloaded);
+  EXPECT_TRUE(contains(error_of(admin.command({"DMA.INFO"})), "unknown command"));
+  Reply loaded = admin.command({"MODULE", "LOAD", module_path(), "providers", "tcp", "bind",
+                                "127.0.0.1"});
+  ASSERT_TRUE(loaded && loaded->type == REDIS_REPLY_STATUS) << error_of(loaded) << server->log();
+  auto made = Client::connect("127.0.0.1", server->port(), loopback("tcp"));
+  ASSERT_TRUE(made) << made.error().describe();
+  ASSERT_TRUE((*made)->hello());
+  const auto value = pattern(9000, 91);
+  ASSERT_TRUE((*made)->set("after-reload", value));
+  std::vector<std::byte> back(9000);
+  auto read = (*made)->get("after-reload", back);
+  ASSERT_TRUE(read && read->has_value());
+  EXPECT_TRUE(back == value);
+  made->reset();
+  server->stop();
+  expect_clean_log(server->log());
+}
+
 TEST(ModuleCore, load_arguments_parse_into_the_configuration) {
   // The documented argument names must reach the configuration the services open with.
   const std::vector<std::string> arguments = {
@@ -867,5 +1408,45 @@ TEST(ModuleCore, load_arguments_parse_into_the_configuration) {
   EXPECT_EQ(module::kDefaultMaxValueSize, module::parse_module_arguments({})->max_value_size);
 }
 
+TEST(ModuleCore, sessions_only_transfer_after_a_matching_proof_and_a_mismatch_ends_them) {
+  // The state machine behind DMA.HELLO/PROVE: a session may transfer only after its own nonce
+  // came back byte for byte; any other bytes end it; one proof per nonce.
+  auto nonce = module::make_nonce();
+  ASSERT_TRUE(nonce) << nonce.error().describe();
+  auto other = module::make_nonce();
+  ASSERT_TRUE(other);
+  EXPECT_NE(*nonce, *other) << "two nonces from getrandom collided";
+  module::Sessions sessions;
+  ASSERT_TRUE(sessions.open(7, *nonce));
+  EXPECT_FALSE(sessions.open(7, *other));
+  EXPECT_TRUE(contains(sessions.check_proven(7).error().message(), "session not proven"));
+  EXPECT_TRUE(contains(sessions.check_proven(8).error().message(), "no session"));
+  EXPECT_FALSE(sessions.finish_proof(7, std::as_bytes(std::span(*nonce)))) << "not proving yet";
+
+  ASSERT_TRUE(sessions.begin_proof(7));
+  EXPECT_FALSE(sessions.begin_proof(7)) << "one proof at a time";
+  auto wrong = *nonce;
+  wrong[0] ^= 0x80;
+  EXPECT_FALSE(sessions.finish_proof(7, std::as_bytes(std::span(wrong))));
+  EXPECT_FALSE(sessions.contains(7)) << "a mismatch must end the session";
+
+  ASSERT_TRUE(sessions.open(7, *other));
+  ASSERT_TRUE(sessions.begin_proof(7));
+  EXPECT_FALSE(sessions.finish_proof(7, std::as_bytes(std::span(*other)).first(16)))
+      << "a prefix of the nonce is not the nonce";
+  ASSERT_TRUE(sessions.open(7, *other));
+  ASSERT_TRUE(sessions.begin_proof(7));
+  ASSERT_TRUE(sessions.finish_proof(7, std::as_bytes(std::span(*other))));
+  EXPECT_TRUE(sessions.check_proven(7));
+  EXPECT_EQ(1u, sessions.proven());
+  EXPECT_FALSE(sessions.begin_proof(7)) << "a proven session cannot be re-proven";
+  EXPECT_TRUE(sessions.check_proven(7)) << "...and the refusal must not end it";
+  EXPECT_TRUE(sessions.close(7));
+  EXPECT_FALSE(sessions.close(7));
+  EXPECT_EQ(0u, sessions.proven());
+  EXPECT_EQ(0u, sessions.size());
+}
+
 }  // namespace
 }  // namespace dma
+

@@ -583,40 +583,6 @@ TEST(OneShot, a_wait_with_a_deadline_times_out) {
   EXPECT_TRUE(timed_out);
 }
 
-// CPU time (user + system, in clock ticks) of the first thread of this process whose name
-// starts with `prefix`, or -1 if there is none.
-long thread_cpu_ticks(const std::string& prefix) {
-  DIR* tasks = opendir("/proc/self/task");
-  if (!tasks) return -1;
-  long ticks = -1;
-  while (dirent* entry = readdir(tasks)) {
-    if (entry->d_name[0] == '.') continue;
-    std::ifstream comm(std::string("/proc/self/task/") + entry->d_name + "/comm");
-    std::string name;
-    std::getline(comm, name);
-    if (name.rfind(prefix, 0) != 0) continue;
-    std::ifstream stat(std::string("/proc/self/task/") + entry->d_name + "/stat");
-    std::string line;
-    std::getline(stat, line);
-    // Fields after the ")" of the command name: state is field 3, utime 14, stime 15.
-    std::istringstream fields(line.substr(line.rfind(')') + 2));
-    std::string field;
-    long utime = 0;
-    long stime = 0;
-    for (int index = 3; fields >> field; ++index) {
-      if (index == 14) utime = std::stol(field);
-      if (index == 15) {
-        stime = std::stol(field);
-        break;
-      }
-    }
-    ticks = utime + stime;
-    break;
-  }
-  closedir(tasks);
-  return ticks;
-}
-
 TEST(FabricService, an_idle_worker_sleeps_instead_of_spinning) {
   // An idle service must cost nothing: its worker blocks on its queue rather than polling. Over
   // a second of idleness a spinning worker burns tens of clock ticks even on a loaded machine;
@@ -624,10 +590,10 @@ TEST(FabricService, an_idle_worker_sleeps_instead_of_spinning) {
   Collector collector;
   auto service = start_service(loopback("tcp"), collector);
   ASSERT_TRUE(service);
-  const long before = thread_cpu_ticks("fabric-");
+  const long before = testing::thread_cpu_ticks("fabric-");
   ASSERT_GE(before, 0) << "no fabric- worker thread found";
   std::this_thread::sleep_for(std::chrono::seconds(1));  // the interval measured, not a sync
-  const long after = thread_cpu_ticks("fabric-");
+  const long after = testing::thread_cpu_ticks("fabric-");
   EXPECT_LE(after - before, 2) << "the idle worker used " << (after - before)
                                << " clock ticks of CPU in one second";
 }

@@ -29,10 +29,11 @@ struct Configuration {
   std::size_t max_in_flight = 64;
   // How long an operation may keep answering -FI_EAGAIN before it fails as unreachable.
   std::chrono::milliseconds progress_deadline{1000};
-  // How long a service being shut down waits for operations already posted before it closes
-  // the endpoint under them and fails them as timed out (so a peer that never answers, or shm's
-  // never-completing bad write, cannot hang the destructor). 0 waits forever. Failing a single
-  // stuck transfer while the service keeps running is issue 6.
+  // How long a posted transfer may go without a completion before it fails as timed out (a
+  // peer that died after the post; shm's never-completing bad write). The service keeps serving
+  // everyone else: the expired transfer leaves the in-flight cap and its operand is held (see
+  // Operands::on_expired) until the provider lets go or the endpoint closes at shutdown, which
+  // then takes no longer than this either. 0 waits forever.
   std::chrono::milliseconds completion_deadline{30000};
   // Threads computing CRC32C of completed transfers off the fabric worker.
   std::size_t crc_threads = 1;
@@ -46,8 +47,8 @@ struct Configuration {
 
   // Reads a TOML file whose keys are the fields above (durations in milliseconds, named
   // progress_deadline_ms and completion_deadline_ms; also always_register_operands and
-  // max_piece_bytes). Unknown keys and wrong types are errors
-  // that name the key.
+  // max_piece_bytes). Unknown keys, wrong types and non-ASCII bytes are errors
+  // that name the key or the position.
   static Result<Configuration> load(const std::filesystem::path& path);
   static Result<Configuration> parse_toml(std::string_view text);
   // Checks the ranges (non-empty providers, crc_threads >= 1, positive progress deadline).

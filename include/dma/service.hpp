@@ -119,6 +119,14 @@ class Operands {
   // thread completing it. Return true to consume it here (it then skips the batch completer and
   // this object is destroyed). The Transfer handle is built on this.
   virtual bool on_complete(Outcome& /*outcome*/) { return false; }
+  // Called once, on the worker thread, when a posted transfer has had no completion for
+  // Configuration::completion_deadline (a peer that died after the post; shm's bad
+  // delivery-complete write, which never completes). The transfer has failed with `error`
+  // (kTimedOut), so answer your client now, but do NOT free or reuse the operand: the provider
+  // may still read or write it. This context is held until the provider lets go of the
+  // operation (a late completion, or the endpoint closing at shutdown); its Completion, with the
+  // same error, is delivered then. Must not block.
+  virtual void on_expired(const Error& /*error*/) {}
 };
 
 // A submitted transfer.
@@ -190,6 +198,10 @@ struct ServiceCounters {
   std::uint64_t bytes_to_peer = 0;
   std::uint64_t bytes_from_peer = 0;
   std::uint64_t eagain = 0;
+  std::uint64_t expired = 0;  // transfers failed at the completion deadline
+  // Error completions the provider reported without an operation context (shm, for writes to
+  // a peer that died): their operations are failed by the completion deadline.
+  std::uint64_t unattributed_errors = 0;
 };
 
 class Transfer;
@@ -268,7 +280,9 @@ class Transfer {
   Outcome wait();
   // Blocks up to `timeout`; kTimedOut if the transfer has not completed by then (it carries on).
   Outcome wait_for(std::chrono::milliseconds timeout);
-  // The context given to the request, once the transfer has completed (else nullptr).
+  // The context given to the request, once the provider has let go of it (else nullptr). A
+  // transfer that failed at the completion deadline is ready() with kTimedOut before then: its
+  // context comes back only when a late completion arrives or the service shuts down.
   std::unique_ptr<Operands> take_context();
 
   bool await_ready() const { return ready(); }

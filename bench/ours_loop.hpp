@@ -1,0 +1,98 @@
+// The closed loop that drives our FabricService in `dma-bench fabric`: keeps `depth` transfers
+// submitted by resubmitting from the batch completer, reusing each finished transfer's Operands,
+// so a warm window allocates nothing of its own.
+//
+// Ownership: OursLoop owns the FabricService (and so its worker thread) and the transfers'
+// Operands. Thread-safety: run_window() and the accessors are for one driving thread; the
+// completer runs on the service's worker and shares only the atomics and the drain handshake.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <vector>
+
+#include "dma/configuration.hpp"
+#include "dma/protocol.hpp"
+#include "dma/service.hpp"
+#include "report.hpp"
+
+namespace dma::bench {
+
+// One timed window of ours: the same fields the raw loop takes.
+struct OursJob {
+  Direction direction = Direction::kToPeer;
+  std::byte* local = nullptr;  // slot i is local + i * size
+  std::size_t size = 0;
+  std::size_t slots = 1;
+  std::size_t depth = 1;
+  std::uint64_t remote = 0;  // remote slot i is remote + i * size
+  std::uint64_t key = 0;
+  std::size_t first_slot = 0;
+  std::chrono::nanoseconds duration{0};
+  std::chrono::milliseconds drain_deadline{10000};
+};
+
+struct OursRun {
+  std::uint64_t operations = 0;
+  std::uint64_t bytes = 0;
+  std::uint64_t errors = 0;
+  std::uint64_t allocations = 0;  // operator new calls in the window, all threads
+  std::uint64_t eagain = 0;       // the service's -FI_EAGAIN count over the window
+  double seconds = 0;
+  std::size_t next_slot = 0;
+  std::optional<std::size_t> last_slot;
+  std::optional<Error> first_error;
+};
+
+class OursLoop {
+ public:
+  // Starts a service on `configuration` and adds the target (`peer`) as client 1.
+  static Result<std::unique_ptr<OursLoop>> start(const Configuration& configuration,
+                                                 std::span<const std::uint8_t> peer,
+                                                 std::size_t max_depth);
+  ~OursLoop();
+  OursLoop(const OursLoop&) = delete;
+  OursLoop& operator=(const OursLoop&) = delete;
+
+  std::span<const std::uint8_t> local_address() const noexcept { return service_->local_address(); }
+  const EndpointDescription& describe() const noexcept { return service_->describe(); }
+
+  // Runs one window; per-transfer latencies inside it go to `samples` (reserved by the caller).
+  // Fails if the transfers do not all complete within job.drain_deadline after the window.
+  Result<OursRun> run_window(const OursJob& job, LatencySamples& samples);
+
+ private:
+  class Slot;
+  OursLoop() = default;
+  void on_batch(std::span<Completion> batch);
+  // Points `operand` at the next slot and submits it. Worker thread (or the driver before the
+  // loop starts).
+  void submit(std::unique_ptr<Operands> operand, std::size_t slot, bool from_worker);
+
+  // Set by run_window before the first submit, read by the completer.
+  OursJob job_;
+  LatencySamples* samples_ = nullptr;
+  std::size_t next_slot_ = 0;  // worker-owned while running
+  std::size_t last_slot_ = 0;  // worker-owned while running
+  std::atomic<bool> running_{false};
+  std::atomic<std::uint64_t> operations_{0};
+  std::atomic<std::uint64_t> bytes_{0};
+  std::atomic<std::uint64_t> errors_{0};
+  // The drain handshake: transfers handed back by the completer once the window has stopped.
+  std::mutex mutex_;
+  std::condition_variable drained_;
+  std::vector<std::unique_ptr<Operands>> spare_;  // capacity reserved for max_depth_
+  std::size_t max_depth_ = 0;
+  std::optional<Error> first_error_;
+  // Declared last so it is destroyed first: its destructor delivers every completion, which
+  // touches the members above.
+  std::unique_ptr<FabricService> service_;
+};
+
+}  // namespace dma::bench
