@@ -87,4 +87,4 @@ soak: build
 	  --max-size 1048576 --kill-every 10
 
 clean:
-	rm -rf build build-debug build-asan build-tsan
+	rm -rf build build-debug build-asan build-tsan build-fuzz

@@ -79,6 +79,13 @@ Result<ModuleOptions> parse_module_arguments(std::span<const std::string> argume
         return fail(ErrorCode::kConfiguration, "module argument progress-deadline-ms is too large");
       }
       options.configuration.progress_deadline = std::chrono::milliseconds(*parsed);
+    } else if (name == "completion-deadline-ms") {
+      auto parsed = number();
+      if (!parsed) return fail(std::move(parsed).error());
+      if (*parsed > std::uint64_t{std::numeric_limits<std::int32_t>::max()}) {
+        return fail(ErrorCode::kConfiguration, "module argument completion-deadline-ms is too large");
+      }
+      options.configuration.completion_deadline = std::chrono::milliseconds(*parsed);
     } else if (name == "max-value-size") {
       auto parsed = number();
       if (!parsed) return fail(std::move(parsed).error());
@@ -97,7 +104,8 @@ Result<ModuleOptions> parse_module_arguments(std::span<const std::string> argume
       return fail(ErrorCode::kConfiguration,
                   "unknown module argument '" + name +
                       "' (known: providers, interfaces, services-per-domain, max-in-flight, "
-                      "progress-deadline-ms, max-value-size, crc-threads, bind)");
+                      "progress-deadline-ms, completion-deadline-ms, max-value-size, crc-threads, "
+                      "bind)");
     }
   }
   if (Status valid = options.configuration.validate(); !valid) {

@@ -36,7 +36,8 @@ struct ModuleOptions {
 };
 
 // Parses the load arguments as name/value pairs: providers and interfaces (comma lists),
-// services-per-domain, max-in-flight, progress-deadline-ms, max-value-size, crc-threads, bind.
+// services-per-domain, max-in-flight, progress-deadline-ms, completion-deadline-ms,
+// max-value-size, crc-threads, bind.
 // An unknown name, a missing value or a bad number fails, naming the argument.
 Result<ModuleOptions> parse_module_arguments(std::span<const std::string> arguments);
 

@@ -86,6 +86,7 @@ Worker::Worker(std::unique_ptr<Endpoint> endpoint, const Configuration& configur
   const bool register_operands =
       endpoint_->local_registration_required() || configuration.always_register_operands;
   regions_ = std::make_unique<LocalRegions>(*endpoint_, register_operands);
+  efa_addresses_ = address_format_from(endpoint_->info()->addr_format) == AddressFormat::kEfa;
   peers_ = std::make_unique<PeerAddresses>(
       endpoint_->address_vector(), address_format_from(endpoint_->info()->addr_format),
       endpoint_->info()->addr_format);
@@ -256,8 +257,13 @@ Status Worker::prepare(Op& op) {
     if (!handle) return fail(std::move(handle).error());
     peer = std::move(*handle);
   }
-  // The op keeps the handle, not the entry: on efa a recycled slot must be removable at once.
   op.peer = peer->handle();
+  // The op holds the entry until it finishes: measured on tcp, net and shm, a client
+  // re-advertising mid-stream otherwise had its old entry removed under its queued transfers,
+  // whose slot the new address then took: old bytes landed in the new buffer, and shm crashed.
+  // On efa a recycled slot must be removable at once (peer_addresses.hpp), and the transfers of
+  // the dead incarnation fail anyway, so there the op keeps only the handle.
+  if (!efa_addresses_) op.peer_entry = std::move(peer);
 
   Operands* context = request.context.get();
   Result<LocalOperand> operand = regions_->operand(
@@ -459,6 +465,7 @@ void Worker::finish(Op* op, Outcome outcome) {
     counters.failed.fetch_add(1, std::memory_order_relaxed);
   }
   op->operand = LocalOperand{};  // the lease goes now that the provider is done with it
+  op->peer_entry.reset();
   if (outcome && op->request.want_checksum) {
     checksum_batch_.push_back(ChecksumItem{
         Completion{std::move(op->request.context), std::move(outcome)}, op->local, op->length});
@@ -561,6 +568,7 @@ Worker::Op* Worker::acquire_op() {
   free_ops_.pop_back();
   // Reset everything but the request, which the caller overwrites.
   op->peer = FI_ADDR_UNSPEC;
+  op->peer_entry.reset();
   op->local = nullptr;
   op->length = 0;
   op->operand = LocalOperand{};

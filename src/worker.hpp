@@ -170,6 +170,10 @@ class Worker {
   struct Op {
     TransferRequest request;
     fi_addr_t peer = FI_ADDR_UNSPEC;
+    // Keeps the address-vector entry `peer` names until the op finishes, so a client
+    // re-advertising a new address cannot remove (and let the next insert reuse) the slot its
+    // queued and posted transfers still target. Not on efa (see prepare()).
+    std::shared_ptr<RegisteredAddress> peer_entry;
     std::byte* local = nullptr;
     std::size_t length = 0;
     LocalOperand operand;
@@ -222,6 +226,7 @@ class Worker {
   std::unique_ptr<PeerAddresses> peers_;
   std::shared_ptr<ServiceShared> shared_;
   Configuration configuration_;
+  bool efa_addresses_ = false;
   std::size_t cap_;
   std::size_t max_piece_;
   std::vector<Message> inbox_;

@@ -141,6 +141,15 @@ inline long thread_cpu_ticks(const std::string& prefix) {
   return ticks;
 }
 
+// A service whose completions go to `collector`; nullptr (with a test failure) if it does not
+// start.
+inline std::unique_ptr<FabricService> start_service(const Configuration& configuration,
+                                             Collector& collector) {
+  auto service = FabricService::start(configuration, collector.completer(), nullptr);
+  EXPECT_TRUE(service) << service.error().describe();
+  return service ? std::move(*service) : nullptr;
+}
+
 inline FabricAddress address_of(std::span<const std::uint8_t> bytes) {
   return FabricAddress::from(bytes).value();
 }

@@ -27,6 +27,7 @@ using testing::Buffer;
 using testing::Collector;
 using testing::loopback;
 using testing::pattern;
+using testing::start_service;
 
 const std::string kCli = DMA_BINARY_DIR "/bin/dma-cli";
 
@@ -48,10 +49,9 @@ class WatchedBuffer : public Buffer {
   WatchedBuffer(std::vector<std::byte> initial, ExpiryLog& log)
       : Buffer(std::move(initial)), log_(log) {}
   void on_expired(const Error& error) override {
-    {
-      std::lock_guard lock(log_.mutex);
-      log_.errors.push_back(error);
-    }
+    // Notified under the lock: once it is released the test may destroy the log.
+    std::lock_guard lock(log_.mutex);
+    log_.errors.push_back(error);
     log_.changed.notify_all();
   }
 
@@ -59,12 +59,6 @@ class WatchedBuffer : public Buffer {
   ExpiryLog& log_;
 };
 
-std::unique_ptr<FabricService> start_service(const Configuration& configuration,
-                                             Collector& collector) {
-  auto service = FabricService::start(configuration, collector.completer(), nullptr);
-  EXPECT_TRUE(service) << service.error().describe();
-  return service ? std::move(*service) : nullptr;
-}
 
 // A write shm never completes: 4096 bytes into a region exposed as 64 (PROVIDERS.md). The
 // exposed bytes sit at the start of `memory`, which is large enough that the overrun lands in

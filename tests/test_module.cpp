@@ -1389,12 +1389,58 @@ TEST(ModuleTeardown, module_unload_is_refused_while_sessions_are_open_and_an_idl
   expect_clean_log(server->log());
 }
 
+TEST(ModuleDeadline, a_dma_get_that_never_completes_is_answered_at_the_deadline_and_the_server_serves_on) {
+  // If this fails, a client whose transfer the provider never completes (shm's bad
+  // delivery-complete write; a peer that died after the post) stays blocked forever, or its
+  // failure takes other clients down with it.
+  auto server = RedisServer::start({"completion-deadline-ms", "300"}, "shm");
+  ASSERT_TRUE(server);
+  auto target = Target::open(loopback("shm"));
+  ASSERT_TRUE(target) << target.error().describe();
+  Connection connection(server->port());
+  ASSERT_TRUE(connection.ok());
+  Status proven = hello_and_prove(connection, **target);
+  ASSERT_TRUE(proven) << proven.error().describe();
+  const std::string value(4096, 'v');
+  ASSERT_TRUE(connection.command({"SET", "stuck", value}));
+  // 64 bytes exposed, 4096 claimed: shm never completes the overrun (PROVIDERS.md).
+  std::vector<std::byte> memory(8192);
+  auto exposed = (*target)->expose(memory.data(), 64);
+  ASSERT_TRUE(exposed) << exposed.error().describe();
+  Reply stuck = connection.command(with_region({"DMA.GET", "stuck"}, exposed->region(0, 4096)));
+  ASSERT_TRUE(stuck) << "no reply: the client stayed blocked";
+  ASSERT_EQ(REDIS_REPLY_ERROR, stuck->type) << "the stuck GET reported success";
+  EXPECT_TRUE(contains(error_of(stuck), "completion deadline")) << error_of(stuck);
+
+  // Another client, on the same server and provider, is served: its hello (a read) and its
+  // DMA.SET (a read). Its DMA.GET would not be: shm completes an endpoint's delivery-complete
+  // writes in order and the stuck one is never answered, so every later write on that endpoint
+  // expires too (docs/RELIABILITY.md: on shm a wedged write costs that endpoint its writes until
+  // the server restarts). On tcp and net the same wedge costs nothing (test_deadlines: HungPeer).
+  auto other = Client::connect("127.0.0.1", server->port(), loopback("shm"));
+  ASSERT_TRUE(other) << other.error().describe();
+  ASSERT_TRUE((*other)->hello());
+  std::vector<std::byte> stored(65536);
+  for (std::size_t index = 0; index < stored.size(); ++index) stored[index] = std::byte(index * 7);
+  ASSERT_TRUE((*other)->set("fine", stored));
+  Reply fine = connection.command({"GET", "fine"});
+  ASSERT_TRUE(fine && fine->type == REDIS_REPLY_STRING);
+  EXPECT_EQ(0, std::memcmp(stored.data(), fine->str, stored.size()));
+  Reply value_after = connection.command({"GET", "stuck"});
+  ASSERT_TRUE(value_after && value_after->type == REDIS_REPLY_STRING);
+  EXPECT_EQ(value, std::string(value_after->str, value_after->len)) << "a failed GET changed the key";
+  other->reset();
+  connection.close();
+  server->stop();
+  expect_clean_log(server->log());
+}
+
 TEST(ModuleCore, load_arguments_parse_into_the_configuration) {
   // The documented argument names must reach the configuration the services open with.
   const std::vector<std::string> arguments = {
       "providers", "tcp,shm", "interfaces", "lo", "services-per-domain", "2",
-      "max-in-flight", "32", "progress-deadline-ms", "250", "max-value-size", "1024",
-      "crc-threads", "3", "bind", "127.0.0.1"};
+      "max-in-flight", "32", "progress-deadline-ms", "250", "completion-deadline-ms", "750",
+      "max-value-size", "1024", "crc-threads", "3", "bind", "127.0.0.1"};
   auto options = module::parse_module_arguments(arguments);
   ASSERT_TRUE(options) << options.error().describe();
   EXPECT_EQ((std::vector<std::string>{"tcp", "shm"}), options->configuration.providers);
@@ -1402,6 +1448,7 @@ TEST(ModuleCore, load_arguments_parse_into_the_configuration) {
   EXPECT_EQ(2u, options->services_per_domain);
   EXPECT_EQ(32u, options->configuration.max_in_flight);
   EXPECT_EQ(250, options->configuration.progress_deadline.count());
+  EXPECT_EQ(750, options->configuration.completion_deadline.count());
   EXPECT_EQ(1024u, options->max_value_size);
   EXPECT_EQ(3u, options->configuration.crc_threads);
   EXPECT_EQ("127.0.0.1", options->configuration.bind.value());

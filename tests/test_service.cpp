@@ -22,13 +22,8 @@ using testing::Buffer;
 using testing::Collector;
 using testing::loopback;
 using testing::pattern;
+using testing::start_service;
 
-std::unique_ptr<FabricService> start_service(const Configuration& configuration,
-                                             Collector& collector) {
-  auto service = FabricService::start(configuration, collector.completer(), nullptr);
-  EXPECT_TRUE(service) << service.error().describe();
-  return service ? std::move(*service) : nullptr;
-}
 
 // `FI_SOCKADDR_IN` for 127.0.0.1:1, where nothing listens: the tcp provider's connect never
 // establishes and every post answers -FI_EAGAIN.
