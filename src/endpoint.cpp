@@ -238,11 +238,7 @@ Result<Lease> Endpoint::register_memory(std::uintptr_t base, std::size_t length,
   fid_mr* region = nullptr;
   const int code = fi_mr_reg(domain_.get(), reinterpret_cast<const void*>(base), length, access,
                              0, requested_key, 0, &region, nullptr);
-  if (code != 0) {
-    return fail(fabric_error("fi_mr_reg of " + std::to_string(length) + " bytes", code,
-                             code == -FI_ENOMEM ? ErrorCode::kResourceExhausted
-                                                : ErrorCode::kFabric));
-  }
+  if (code != 0) return fail(registration_error(length, code, memlock_limit()));
   return std::make_shared<Registration>(region, closes_);
 }
 

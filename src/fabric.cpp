@@ -1,5 +1,7 @@
 #include "fabric.hpp"
 
+#include <sys/resource.h>
+
 #include <array>
 
 namespace dma::internal {
@@ -47,6 +49,24 @@ std::string mr_mode_to_string(std::uint64_t mr_mode) {
 std::string address_format_to_string(std::uint32_t address_format) {
   std::array<char, 128> buffer{};
   return tidy(fi_tostr_r(buffer.data(), buffer.size(), &address_format, FI_TYPE_ADDR_FORMAT));
+}
+
+Error registration_error(std::size_t length, long code, std::uint64_t memlock_limit) {
+  const std::string call = "fi_mr_reg of " + std::to_string(length) + " bytes";
+  if (code != -FI_ENOMEM && code != -FI_EAGAIN) return fabric_error(call, code);
+  const std::string limit = memlock_limit == RLIM_INFINITY
+                                ? std::string("unlimited")
+                                : std::to_string(memlock_limit) + " bytes";
+  Error base = fabric_error(call, code, ErrorCode::kResourceExhausted);
+  return Error(ErrorCode::kResourceExhausted,
+               base.message() + "; providers that pin memory stop at RLIMIT_MEMLOCK (here " +
+                   limit + "): raise it (ulimit -l, LimitMEMLOCK= in a systemd unit) or register less");
+}
+
+std::uint64_t memlock_limit() noexcept {
+  rlimit limit{};
+  if (::getrlimit(RLIMIT_MEMLOCK, &limit) != 0) return RLIM_INFINITY;
+  return limit.rlim_cur;
 }
 
 }  // namespace dma::internal

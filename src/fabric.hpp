@@ -41,6 +41,14 @@ inline constexpr std::uint32_t kFabricVersion = FI_VERSION(1, 17);
 // "<call> failed: <fi_strerror> (<code>)", with code the negative libfabric return.
 Error fabric_error(std::string_view call, long code, ErrorCode kind = ErrorCode::kFabric);
 
+// The error for a failed fi_mr_reg of `length` bytes. Providers that pin memory (verbs, efa)
+// fail with -FI_ENOMEM (or -FI_EAGAIN) once the process's locked memory would exceed
+// RLIMIT_MEMLOCK; the message then names the limit (`memlock_limit`, or "unlimited" for
+// RLIM_INFINITY) and how to raise it, and the kind is kResourceExhausted.
+Error registration_error(std::size_t length, long code, std::uint64_t memlock_limit);
+// The calling process's RLIMIT_MEMLOCK soft limit in bytes (RLIM_INFINITY if unlimited).
+std::uint64_t memlock_limit() noexcept;
+
 // Human-readable flag sets, via fi_tostr_r.
 std::string caps_to_string(std::uint64_t caps);
 std::string mr_mode_to_string(std::uint64_t mr_mode);

@@ -1455,6 +1455,16 @@ TEST(ModuleCore, load_arguments_parse_into_the_configuration) {
   EXPECT_EQ(module::kDefaultMaxValueSize, module::parse_module_arguments({})->max_value_size);
 }
 
+TEST(ModuleCore, an_unknown_argument_is_named_without_letting_it_forge_a_log_line) {
+  // If this fails, a module argument holding a newline writes a line of its own into the
+  // server's log (the error is logged at load time).
+  auto refused = module::parse_module_arguments(std::vector<std::string>{"bad\nFAKE LOG", "1"});
+  ASSERT_FALSE(refused);
+  EXPECT_EQ(std::string::npos, refused.error().message().find('\n')) << refused.error().message();
+  EXPECT_NE(std::string::npos, refused.error().message().find("bad\\x0aFAKE LOG"))
+      << refused.error().message();
+}
+
 TEST(ModuleCore, sessions_only_transfer_after_a_matching_proof_and_a_mismatch_ends_them) {
   // The state machine behind DMA.HELLO/PROVE: a session may transfer only after its own nonce
   // came back byte for byte; any other bytes end it; one proof per nonce.

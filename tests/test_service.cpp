@@ -5,6 +5,7 @@
 #include <coroutine>
 #include <cstring>
 #include <dirent.h>
+#include <sys/resource.h>
 #include <fstream>
 #include <sstream>
 #include <thread>
@@ -141,6 +142,25 @@ TEST(FabricService, submit_without_a_context_is_refused_and_leaves_the_request) 
   ASSERT_FALSE(submitted);
   EXPECT_EQ(9u, request.client_id);
   EXPECT_EQ(0u, service->outstanding());
+}
+
+TEST(FabricService, a_registration_refused_for_locked_memory_names_rlimit_memlock) {
+  // If this fails, an operator whose server cannot register (verbs and efa pin memory and stop
+  // at RLIMIT_MEMLOCK, 8 MiB by default on Debian) sees a bare "Cannot allocate memory" and
+  // has no idea which limit to raise. tcp, net and shm never pin, so the message is checked
+  // here and not provoked.
+  const Error limited = internal::registration_error(std::size_t{1} << 30, -FI_ENOMEM, 65536);
+  EXPECT_EQ(ErrorCode::kResourceExhausted, limited.code());
+  for (const char* part : {"fi_mr_reg of 1073741824 bytes", "RLIMIT_MEMLOCK", "65536 bytes",
+                           "ulimit -l"}) {
+    EXPECT_NE(std::string::npos, limited.message().find(part)) << limited.describe();
+  }
+  const Error unlimited = internal::registration_error(4096, -FI_EAGAIN, RLIM_INFINITY);
+  EXPECT_NE(std::string::npos, unlimited.message().find("unlimited")) << unlimited.describe();
+  const Error other = internal::registration_error(4096, -FI_EINVAL, 65536);
+  EXPECT_EQ(ErrorCode::kFabric, other.code());
+  EXPECT_EQ(std::string::npos, other.message().find("RLIMIT_MEMLOCK")) << other.describe();
+  EXPECT_GT(internal::memlock_limit(), 0u);
 }
 
 // ---- against a real target, on every loopback provider ----------------------------------
