@@ -1177,7 +1177,9 @@ TEST_P(ModuleProof, a_wrong_nonce_is_refused_and_the_connection_may_say_hello_ag
   EXPECT_TRUE(contains(error, "not this session's nonce")) << error;
   error = error_of(connection.command({"DMA.GET", "k", "1", "0", "8"}));
   EXPECT_TRUE(contains(error, "no session")) << error;
-  // The right bytes after the refusal are too late: that nonce is spent.
+  // The right bytes after the refusal are too late: that nonce is spent. (synchronize() before
+  // touching exposed memory the server just read: rxm's progress thread sent from it.)
+  target->synchronize();
   proof.back() ^= std::byte{1};
   target->synchronize();
   error = error_of(connection.command(with_region({"DMA.PROVE"}, exposed->whole())));
