@@ -270,6 +270,9 @@ TEST_P(KilledTarget, every_transfer_to_it_fails_and_other_clients_are_untouched)
   constexpr std::size_t kSlots = 64;
   Configuration configuration = loopback(GetParam());
   configuration.completion_deadline = std::chrono::seconds(5);
+  // The survivor's connection is set up while the dead target's transfers churn through
+  // -FI_EAGAIN; under tsan that took over the default second once (a false "unreachable").
+  configuration.progress_deadline = std::chrono::seconds(5);
   auto service = FabricService::start(configuration, nullptr, nullptr);
   ASSERT_TRUE(service) << service.error().describe();
 
