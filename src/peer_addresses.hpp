@@ -20,12 +20,14 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
 #include <unordered_map>
 
 #include "fabric.hpp"
+#include "peer_process.hpp"
 
 namespace dma::internal {
 
@@ -47,19 +49,24 @@ Result<std::size_t> identity_length(AddressFormat format, std::span<const std::u
 // either, FI_ADDR_EFA: 32 bytes); other formats only need to be non-empty.
 Status check_address(std::uint32_t fi_addr_format, std::span<const std::uint8_t> address);
 
-// One address-vector entry; removed from the vector when the last holder drops it.
+// One address-vector entry; removed from the vector when the last holder drops it. For an shm
+// address it also watches the process that owns it (peer_process.hpp).
 class RegisteredAddress {
  public:
-  RegisteredAddress(fid_av* address_vector, fi_addr_t handle)
-      : address_vector_(address_vector), handle_(handle) {}
+  RegisteredAddress(fid_av* address_vector, fi_addr_t handle,
+                    std::optional<PeerProcess> owner = std::nullopt)
+      : address_vector_(address_vector), handle_(handle), owner_(std::move(owner)) {}
   ~RegisteredAddress();
   RegisteredAddress(const RegisteredAddress&) = delete;
   RegisteredAddress& operator=(const RegisteredAddress&) = delete;
   fi_addr_t handle() const noexcept { return handle_; }
+  // The process behind a same-host address, or nullptr when the address does not name one.
+  const PeerProcess* owner() const noexcept { return owner_ ? &*owner_ : nullptr; }
 
  private:
   fid_av* address_vector_;
   fi_addr_t handle_;
+  std::optional<PeerProcess> owner_;
 };
 
 class PeerAddresses {

@@ -5,6 +5,7 @@
 
 #include <charconv>
 #include <fstream>
+#include <limits>
 #include <mutex>
 #include <sstream>
 #include <string_view>
@@ -14,6 +15,7 @@ namespace dma::internal {
 namespace {
 
 constexpr std::string_view kPrefix = "dma.";
+constexpr std::uint64_t kMaxPid = std::numeric_limits<pid_t>::max();
 
 // Parses the decimal run at the start of `text`, advancing past it.
 std::optional<std::uint64_t> take_number(std::string_view& text) {
@@ -24,7 +26,37 @@ std::optional<std::uint64_t> take_number(std::string_view& text) {
   return value;
 }
 
+// Parses "dma.<pid>.<start time>" at the start of `text`, advancing past it.
+std::optional<ShmOwner> take_our_name(std::string_view& text) {
+  if (text.substr(0, kPrefix.size()) != kPrefix) return std::nullopt;
+  text.remove_prefix(kPrefix.size());
+  const auto pid = take_number(text);
+  if (!pid || *pid > kMaxPid || text.empty() || text.front() != '.') return std::nullopt;
+  text.remove_prefix(1);
+  const auto start = take_number(text);
+  if (!start) return std::nullopt;
+  return ShmOwner{static_cast<long>(*pid), *start};
+}
+
 }  // namespace
+
+std::optional<ShmOwner> shm_address_owner(std::span<const std::uint8_t> address) {
+  constexpr std::string_view kScheme = "fi_shm://";
+  std::string_view text(reinterpret_cast<const char*>(address.data()), address.size());
+  if (text.substr(0, kScheme.size()) != kScheme) return std::nullopt;
+  text.remove_prefix(kScheme.size());
+  std::string_view as_ours = text;
+  if (std::optional<ShmOwner> ours = take_our_name(as_ours)) {
+    if (ours->pid == 0) return std::nullopt;
+    return ours;
+  }
+  // shm's default name: "<pid>:<uid>:<endpoint index>".
+  const auto pid = take_number(text);
+  if (!pid || *pid == 0 || *pid > kMaxPid || text.empty() || text.front() != ':') {
+    return std::nullopt;
+  }
+  return ShmOwner{static_cast<long>(*pid), std::nullopt};
+}
 
 std::optional<std::uint64_t> process_start_time(long pid) {
   std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
@@ -64,16 +96,11 @@ std::size_t sweep_stale_shm_regions(const std::filesystem::path& directory) {
   for (const auto& entry : entries) {
     const std::string name = entry.path().filename().string();
     std::string_view rest(name);
-    if (rest.substr(0, kPrefix.size()) != kPrefix) continue;
-    rest.remove_prefix(kPrefix.size());
-    const auto pid = take_number(rest);
-    if (!pid || rest.empty() || rest.front() != '.') continue;
-    rest.remove_prefix(1);
-    const auto start = take_number(rest);
-    if (!start) continue;
+    const std::optional<ShmOwner> owner = take_our_name(rest);
+    if (!owner) continue;
     struct stat status {};
     if (::stat(entry.path().c_str(), &status) != 0 || status.st_uid != uid) continue;
-    if (process_start_time(static_cast<long>(*pid)) == start) continue;  // alive: its own region
+    if (process_start_time(owner->pid) == owner->start_time) continue;  // alive: its own region
     if (std::filesystem::remove(entry.path(), error)) ++removed;
   }
   return removed;

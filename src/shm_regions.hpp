@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <optional>
+#include <span>
 #include <string>
 
 namespace dma::internal {
@@ -27,6 +28,17 @@ std::string shm_source_address();
 // When process `pid` started (clock ticks since boot), or nullopt if it does not exist or is a
 // zombie.
 std::optional<std::uint64_t> process_start_time(long pid);
+
+// The pid (and, for our own "dma.<pid>.<start time>" names, the start time) that an shm address
+// names: "fi_shm://dma.<pid>.<start>[:<uid>:<index>]" as we name regions, or
+// "fi_shm://<pid>[:...]" as shm names them by default. nullopt for any other address (another
+// provider's, or an shm name that does not lead with a pid).
+struct ShmOwner {
+  long pid = 0;
+  std::optional<std::uint64_t> start_time;
+  friend bool operator==(const ShmOwner&, const ShmOwner&) = default;
+};
+std::optional<ShmOwner> shm_address_owner(std::span<const std::uint8_t> address);
 
 // Unlinks every "dma.<pid>.<start>..." region in `directory` owned by this user whose process
 // no longer exists or is another incarnation of the pid. Returns how many it removed. Regions

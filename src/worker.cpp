@@ -283,6 +283,16 @@ void Worker::post() {
       finish(op, fail(ErrorCode::kWorkerGone, "fabric worker is gone (service shutting down)"));
       continue;
     }
+    if (!op->error && op->peer_entry) {
+      // shm: a target that died holding its region lock would leave the post below spinning
+      // forever (peer_process.hpp); a dead process gets nothing more posted to it.
+      const PeerProcess* owner = op->peer_entry->owner();
+      if (owner != nullptr && owner->exited()) {
+        op->error = Error(ErrorCode::kUnreachable,
+                          "peer unreachable: its process (pid " + std::to_string(owner->pid()) +
+                              ") has exited");
+      }
+    }
     bool stalled = false;
     while (!op->error && !op->posting_done && live_in_flight() < cap_) {
       const RemoteRegion& region = op->request.regions[op->region];

@@ -316,12 +316,25 @@ TEST_P(KilledTarget, every_transfer_to_it_fails_and_other_clients_are_untouched)
     return std::move(*handle);
   };
 
+  // shm (libfabric 1.17) posts by spinning on a lock in the target's shared region, which the
+  // target holds while it copies; a target killed holding it leaves a poster that is spinning at
+  // that instant spinning forever, inside libfabric, where nothing can interrupt it
+  // (peer_process.hpp; it hung a CI run). We cannot survive that, so on shm the kill comes
+  // between transfers: what is tested there is that nothing is posted to the dead process
+  // afterwards (a post would find the lock held by the dead and never return).
+  const bool kill_between_transfers = GetParam() == "shm";
   // A first wave in flight as the target dies, the survivor's transfers interleaved.
   std::vector<Transfer> doomed_wave;
   std::vector<Transfer> survivor_wave;
   for (std::size_t slot = 0; slot < kSlots; ++slot) {
     doomed_wave.push_back(to_doomed(slot, slot % 2 ? Direction::kFromPeer : Direction::kToPeer));
     survivor_wave.push_back(to_survivor(slot));
+  }
+  if (kill_between_transfers) {
+    for (Transfer& transfer : doomed_wave) {
+      Outcome outcome = transfer.wait_for(testing::kDeadline);
+      ASSERT_TRUE(outcome) << (outcome ? "" : outcome.error().describe());
+    }
   }
   doomed.kill_now();
   // A second wave after its death: none of the dead target's can succeed, all the survivor's
@@ -340,25 +353,24 @@ TEST_P(KilledTarget, every_transfer_to_it_fails_and_other_clients_are_untouched)
   }
   for (Transfer& transfer : after_death) {
     Outcome outcome = transfer.wait_for(testing::kDeadline);
-    EXPECT_TRUE(transfer.ready()) << "a transfer to a killed process never finished";
+    ASSERT_TRUE(transfer.ready()) << "a transfer to a killed process never finished";
     ASSERT_FALSE(outcome) << "a transfer to a killed process succeeded";
+    if (kill_between_transfers) {
+      // Refused before any call into the provider, naming the dead process.
+      EXPECT_EQ(ErrorCode::kUnreachable, outcome.error().code()) << outcome.error().describe();
+      EXPECT_NE(std::string::npos, outcome.error().describe().find("has exited"))
+          << outcome.error().describe();
+    }
   }
-  // shm completes an endpoint's operations in posting order (its response queue is a ring
-  // drained from the head), and an entry for a process that died is never drained: every later
-  // operation on the endpoint, whoever its peer, can only fail at the completion deadline
-  // (PROVIDERS.md; docs/RELIABILITY.md). There the test asks what can be had: nothing hangs and
-  // nothing lands wrong. Every other provider must serve the survivor in full.
-  const bool head_of_line = GetParam() == "shm";
-  std::vector<bool> landed(kSlots, false);
+  // Every provider serves the survivor in full. (On shm a write in flight to a process that
+  // dies is never answered and blocks every later write on the endpoint until the completion
+  // deadline, PROVIDERS.md; that case is CompletionDeadline's, and is not reached here since the
+  // kill comes between transfers.)
   const auto check_survivor = [&](Transfer& transfer, std::size_t slot, const char* wave) {
     Outcome outcome = transfer.wait_for(testing::kDeadline);
     ASSERT_TRUE(transfer.ready()) << wave << " survivor slot " << slot << " never finished";
-    if (outcome) {
-      landed[slot] = true;
-      return;
-    }
-    if (head_of_line && outcome.error().code() == ErrorCode::kTimedOut) return;
-    FAIL() << wave << " survivor slot " << slot << ": " << outcome.error().describe();
+    ASSERT_TRUE(outcome) << wave << " survivor slot " << slot << ": "
+                         << outcome.error().describe();
   };
   for (std::size_t slot = 0; slot < kSlots; ++slot) check_survivor(survivor_wave[slot], slot, "first");
   for (std::size_t slot = 0; slot < kSlots; ++slot) check_survivor(survivor_after[slot], slot, "second");
@@ -368,10 +380,6 @@ TEST_P(KilledTarget, every_transfer_to_it_fails_and_other_clients_are_untouched)
   for (std::size_t slot = 0; slot < kSlots; ++slot) check_survivor(survivor_last[slot], slot, "last");
   (*survivor)->synchronize();
   for (std::size_t slot = 0; slot < kSlots; ++slot) {
-    if (!head_of_line) {
-      ASSERT_TRUE(landed[slot]) << "survivor slot " << slot;
-    }
-    if (!landed[slot]) continue;
     const auto expected = pattern(kValue, static_cast<std::uint32_t>(500 + slot));
     ASSERT_EQ(0, std::memcmp(expected.data(), survivor_memory.data() + slot * kValue, kValue))
         << "survivor slot " << slot;

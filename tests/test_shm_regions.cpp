@@ -8,19 +8,28 @@
 
 #include <filesystem>
 #include <fstream>
+#include <chrono>
+#include <csignal>
 #include <string>
+#include <string_view>
+#include <thread>
+#include <vector>
 
 #include "dma/protocol.hpp"
 #include "dma/target.hpp"
 #include "child_process.hpp"
 #include "fixtures.hpp"
+#include "peer_process.hpp"
 #include "shm_regions.hpp"
 
 namespace dma {
 namespace {
 
 namespace fs = std::filesystem;
+using internal::PeerProcess;
 using internal::process_start_time;
+using internal::shm_address_owner;
+using internal::ShmOwner;
 using internal::shm_source_address;
 using internal::sweep_stale_shm_regions;
 
@@ -54,6 +63,10 @@ fs::path region_file(std::span<const std::uint8_t> address) {
   constexpr std::string_view kScheme = "fi_shm://";
   EXPECT_EQ(0u, text.rfind(kScheme, 0)) << text;
   return fs::path("/dev/shm") / text.substr(kScheme.size());
+}
+
+std::vector<std::uint8_t> bytes_of(std::string_view text) {
+  return std::vector<std::uint8_t>(text.begin(), text.end());
 }
 
 TEST(ShmRegions, this_process_is_named_by_its_pid_and_start_time) {
@@ -108,6 +121,62 @@ TEST(ShmRegions, a_killed_target_s_region_is_swept_by_the_next_shm_endpoint) {
   ASSERT_TRUE(opened) << opened.error().describe();
   EXPECT_FALSE(fs::exists(region)) << region << " outlived its process";
   EXPECT_TRUE(fs::exists(region_file((*opened)->local_address())));
+}
+
+TEST(PeerProcess, an_shm_address_names_its_owning_process_and_nothing_else_does) {
+  // If this fails, the worker cannot tell a dead shm peer from a live one, and posts to a
+  // process that died holding its queue lock, where the post never returns.
+  using Owner = std::optional<ShmOwner>;
+  EXPECT_EQ(Owner(ShmOwner{1234, 5678}), shm_address_owner(bytes_of("fi_shm://dma.1234.5678:0:0")));
+  std::string with_nul = "fi_shm://dma.1234.5678:0:0";  // as fi_getname returns it
+  with_nul.push_back('\0');
+  EXPECT_EQ(Owner(ShmOwner{1234, 5678}), shm_address_owner(bytes_of(with_nul)));
+  EXPECT_EQ(Owner(ShmOwner{42, std::nullopt}), shm_address_owner(bytes_of("fi_shm://42:0:3")));
+  EXPECT_EQ(Owner(), shm_address_owner(bytes_of("fi_shm://42")));
+  EXPECT_EQ(Owner(), shm_address_owner(bytes_of("fi_shm://dma.x.1:0:0")));
+  EXPECT_EQ(Owner(), shm_address_owner(bytes_of("fi_shm://0:0:0")));
+  EXPECT_EQ(Owner(), shm_address_owner(bytes_of("fi_shm://99999999999:0:0")));
+  EXPECT_EQ(Owner(), shm_address_owner(bytes_of("fi_shm://named-by-hand")));
+  EXPECT_EQ(Owner(), shm_address_owner(bytes_of("fi_sockets://127.0.0.1:5000")));
+  EXPECT_EQ(Owner(), shm_address_owner(bytes_of("")));
+  const std::uint8_t sockaddr_in[16] = {2, 0, 0x13, 0x88, 127, 0, 0, 1};
+  EXPECT_EQ(Owner(), shm_address_owner(sockaddr_in));
+}
+
+TEST(PeerProcess, a_killed_peer_is_seen_as_exited_before_it_is_reaped) {
+  // If this fails, transfers to a dead shm client are posted into its region, and one whose
+  // owner died holding the region's lock hangs the fabric worker for good.
+  testing::Child target({kCli, "target", "--provider", "shm", "--size", "4096"});
+  ASSERT_TRUE(target.running());
+  const std::string wire = target.read_line();
+  auto advertisement = parse_advertisement(wire);
+  ASSERT_TRUE(advertisement) << "'" << wire << "': " << advertisement.error().describe();
+  const auto owner = shm_address_owner(advertisement->address);
+  ASSERT_TRUE(owner) << wire;
+  EXPECT_EQ(target.pid(), owner->pid);
+  PeerProcess watch(*owner);
+  EXPECT_FALSE(watch.exited());
+  EXPECT_FALSE(watch.exited()) << "asking twice changes nothing";
+  // Dead but not reaped (a zombie): the parent (this test) has not waited for it yet.
+  ASSERT_EQ(0, ::kill(target.pid(), SIGKILL));
+  const auto deadline = std::chrono::steady_clock::now() + testing::kDeadline;
+  while (!watch.exited() && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::yield();
+  }
+  EXPECT_TRUE(watch.exited()) << "a SIGKILLed peer was never seen to exit";
+  target.kill_now();
+  EXPECT_TRUE(watch.exited()) << "exited stays true";
+}
+
+TEST(PeerProcess, an_address_of_a_gone_or_recycled_process_is_exited_from_the_start) {
+  // If this fails, a client whose pid the kernel gave to another process is taken for alive.
+  const long self = ::getpid();
+  const std::uint64_t start = process_start_time(self).value();
+  EXPECT_FALSE(PeerProcess(ShmOwner{self, start}).exited());
+  EXPECT_FALSE(PeerProcess(ShmOwner{self, std::nullopt}).exited());
+  EXPECT_TRUE(PeerProcess(ShmOwner{self, start + 1}).exited()) << "another incarnation of the pid";
+  // A pid above pid_max's ceiling (2^22) never exists.
+  EXPECT_TRUE(PeerProcess(ShmOwner{4194305, std::nullopt}).exited());
 }
 
 }  // namespace

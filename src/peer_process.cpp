@@ -1,0 +1,58 @@
+#include "peer_process.hpp"
+
+#include <poll.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <csignal>
+#include <utility>
+
+namespace dma::internal {
+namespace {
+
+int open_pidfd(long pid) {
+#ifdef SYS_pidfd_open
+  return static_cast<int>(::syscall(SYS_pidfd_open, static_cast<pid_t>(pid), 0));
+#else
+  (void)pid;
+  errno = ENOSYS;
+  return -1;
+#endif
+}
+
+}  // namespace
+
+PeerProcess::PeerProcess(const ShmOwner& owner) : pid_(owner.pid) {
+  pidfd_ = open_pidfd(pid_);
+  if (pidfd_ < 0 && errno == ESRCH) {
+    exited_ = true;
+    return;
+  }
+  // Read after the pidfd is open: if the start time matches now, the pidfd names the
+  // incarnation that advertised the address (a pid recycled before the open shows another
+  // start time). A zombie has no start time here: it has exited.
+  const std::optional<std::uint64_t> started = process_start_time(pid_);
+  if (!started || (owner.start_time && *started != *owner.start_time)) exited_ = true;
+}
+
+PeerProcess::~PeerProcess() {
+  if (pidfd_ >= 0) ::close(pidfd_);
+}
+
+PeerProcess::PeerProcess(PeerProcess&& other) noexcept
+    : pid_(other.pid_), pidfd_(std::exchange(other.pidfd_, -1)), exited_(other.exited_) {}
+
+bool PeerProcess::exited() const {
+  if (exited_) return true;
+  if (pidfd_ >= 0) {
+    // A pidfd polls readable once its process has terminated (pidfd_open(2)).
+    pollfd watch{pidfd_, POLLIN, 0};
+    exited_ = ::poll(&watch, 1, 0) > 0;
+  } else {
+    exited_ = ::kill(static_cast<pid_t>(pid_), 0) != 0 && errno == ESRCH;
+  }
+  return exited_;
+}
+
+}  // namespace dma::internal

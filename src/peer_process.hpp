@@ -1,0 +1,48 @@
+// Private: whether the process behind a same-host (shm) peer address is still alive.
+//
+// libfabric 1.17's shm posts an RMA by taking a spinlock that lives in the *target's* shared
+// region (smr_generic_rma), and the target holds that same lock while its own progress copies
+// the operation's bytes. A target that dies while holding it (SIGKILL, OOM, a crash) leaves it
+// held forever: every later fi_writemsg/fi_read to that region spins in pthread_spin_lock and
+// never returns, so the worker thread that called it, and every transfer queued behind it,
+// hangs (it failed a CI run: KilledTarget/shm, transfers after the kill never finished). No
+// libfabric call can be interrupted, so the only defence is not to call: before posting to a
+// shm peer the worker asks this watch whether the process that owns the address has exited,
+// and fails the transfer instead.
+//
+// What is left (docs/RELIABILITY.md): a poster already spinning on the lock at the instant the
+// target dies still spins forever; that is shm's to fix.
+//
+// Ownership: one per address-vector entry, used by the thread that owns the endpoint; not
+// thread-safe. Holds a pidfd (pidfd_open(2)): it names one incarnation of the pid, so a pid the
+// kernel recycles for another process is not mistaken for the peer.
+#pragma once
+
+#include "shm_regions.hpp"
+
+namespace dma::internal {
+
+class PeerProcess {
+ public:
+  // Watches `owner`. If it is already gone (no such process, a zombie, or a pid whose start
+  // time is not the one advertised), exited() is true from the start.
+  explicit PeerProcess(const ShmOwner& owner);
+  ~PeerProcess();
+  PeerProcess(PeerProcess&& other) noexcept;
+  PeerProcess& operator=(PeerProcess&&) = delete;
+  PeerProcess(const PeerProcess&) = delete;
+  PeerProcess& operator=(const PeerProcess&) = delete;
+
+  // True once the process has exited (it stays true). One poll(2) on the pidfd: cheap enough to
+  // ask before every posting pass. Without pidfd support (kernel older than 5.3, or a seccomp
+  // profile refusing it) it falls back to kill(pid, 0), which misses a zombie.
+  bool exited() const;
+  long pid() const noexcept { return pid_; }
+
+ private:
+  long pid_;
+  int pidfd_ = -1;
+  mutable bool exited_ = false;
+};
+
+}  // namespace dma::internal
