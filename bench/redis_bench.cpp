@@ -102,28 +102,16 @@ class Connection {
   redisContext* context_;
 };
 
-Result<Reply> command_vector(Connection& connection, const std::vector<std::string>& fields) {
-  const std::vector<std::string_view> views(fields.begin(), fields.end());
-  return connection.command(std::span<const std::string_view>(views));
-}
-
 std::string_view as_text(std::span<const std::byte> bytes) {
   return {reinterpret_cast<const char*>(bytes.data()), bytes.size()};
 }
 
-// The DMA side without dma::Client: its own connection and Target, and buffers exposed once
-// per case instead of once per call (`--registration once`), to measure what the per-call
-// registration of dma::Client::get/set costs.
-struct ExposedOnce {
-  std::unique_ptr<Connection> connection;
-  std::unique_ptr<Target> target;
-};
-
-// One benchmark client: a dma::Client (or an ExposedOnce) and a plain connection, used by one
-// thread per phase.
+// One benchmark client: a dma::Client and a plain connection, used by one thread per phase.
+// With `--registration once` the client's buffers are exposed once per case and it uses
+// Client's exposed-buffer calls, to measure what the per-call registration of get/set costs.
 struct Peer {
   std::unique_ptr<Client> dma;
-  std::optional<ExposedOnce> once;
+  bool expose_once = false;
   std::unique_ptr<Connection> plain;
 };
 
@@ -172,66 +160,6 @@ struct Side {
 
 enum class Kind { kDma, kPlain };
 
-void region_fields_of(const Exposed& exposed, std::vector<std::string>& fields) {
-  const RemoteRegion region = exposed.whole();
-  fields.push_back(std::to_string(region.key));
-  fields.push_back(std::to_string(region.address));
-  fields.push_back(std::to_string(region.length));
-}
-
-// [length, crc32c] from DMA.GET or DMA.SET, or nullopt for nil.
-Result<std::optional<std::pair<std::uint64_t, std::uint32_t>>> length_and_crc(
-    const redisReply& reply) {
-  if (reply.type == REDIS_REPLY_NIL) return std::optional<std::pair<std::uint64_t, std::uint32_t>>();
-  if (reply.type != REDIS_REPLY_ARRAY || reply.elements != 2 ||
-      reply.element[0]->type != REDIS_REPLY_INTEGER ||
-      reply.element[1]->type != REDIS_REPLY_INTEGER) {
-    return fail(ErrorCode::kInvalidArgument, "not a [length, crc32c] reply");
-  }
-  return std::optional(std::pair{static_cast<std::uint64_t>(reply.element[0]->integer),
-                                 static_cast<std::uint32_t>(reply.element[1]->integer)});
-}
-
-// DMA.GET into the share's pre-exposed landing buffer: the length, nullopt for no key; a landed
-// CRC32C different from the server's is kCorrupted.
-Result<std::optional<std::size_t>> get_exposed_once(ExposedOnce& once, const std::string& key,
-                                                    Share& share) {
-  std::vector<std::string> fields{"DMA.GET", key};
-  region_fields_of(*share.landing_exposed, fields);
-  auto reply = command_vector(*once.connection, fields);
-  if (!reply) return fail(std::move(reply).error());
-  auto answer = length_and_crc(**reply);
-  if (!answer) return fail(std::move(answer).error());
-  if (!*answer) return std::optional<std::size_t>();
-  const auto [length, crc] = **answer;
-  if (length > share.landing.size()) {
-    return fail(ErrorCode::kInvalidArgument, "DMA.GET reported more bytes than the buffer holds");
-  }
-  once.target->synchronize();
-  if (crc32c(std::span<const std::byte>(share.landing).first(length)) != crc) {
-    return fail(ErrorCode::kCorrupted, "the bytes that landed do not match the server's CRC32C");
-  }
-  return std::optional<std::size_t>(length);
-}
-
-// DMA.SET of pre-exposed value `value`, with its CRC32C computed per call as dma::Client does.
-Status set_exposed_once(ExposedOnce& once, const std::string& key, Share& share,
-                        std::size_t value) {
-  once.target->synchronize();
-  const std::uint32_t crc = crc32c(share.values[value]);
-  std::vector<std::string> fields{"DMA.SET", key, std::to_string(share.values[value].size()),
-                                  "CRC", std::to_string(crc)};
-  region_fields_of(share.values_exposed[value], fields);
-  auto reply = command_vector(*once.connection, fields);
-  if (!reply) return fail(std::move(reply).error());
-  auto answer = length_and_crc(**reply);
-  if (!answer) return fail(std::move(answer).error());
-  if (!*answer || (*answer)->first != share.values[value].size() || (*answer)->second != crc) {
-    return fail(ErrorCode::kCorrupted, "the server stored a different length or CRC32C");
-  }
-  return {};
-}
-
 // One operation of `kind` on `op` by one client; the result goes to `tally`. Returns false if
 // the connection can no longer be trusted (the phase ends for this client).
 bool one_operation(Kind kind, bool get, Peer& peer, Share& share, Tally& tally) {
@@ -244,8 +172,8 @@ bool one_operation(Kind kind, bool get, Peer& peer, Share& share, Tally& tally) 
     std::optional<std::uint32_t> landed;
     std::size_t length = 0;
     if (kind == Kind::kDma) {
-      auto got = peer.once ? get_exposed_once(*peer.once, key, share)
-                           : peer.dma->get(key, share.landing);
+      auto got = peer.expose_once ? peer.dma->get(key, *share.landing_exposed)
+                                  : peer.dma->get(key, share.landing);
       if (!got) {
         if (got.error().code() == ErrorCode::kCorrupted) {
           ++tally.mismatches;
@@ -289,8 +217,9 @@ bool one_operation(Kind kind, bool get, Peer& peer, Share& share, Tally& tally) 
   const std::size_t value = 1 - share.holds[index];
   const std::span<const std::byte> bytes = share.values[value];
   if (kind == Kind::kDma) {
-    Status stored = peer.once ? set_exposed_once(*peer.once, key, share, value)
-                              : peer.dma->set(key, bytes);
+    Status stored = peer.expose_once
+                        ? peer.dma->set(key, share.values_exposed[value], bytes.size())
+                        : peer.dma->set(key, bytes);
     if (!stored) {
       const bool corrupted = stored.error().code() == ErrorCode::kCorrupted;
       ++(corrupted ? tally.mismatches : tally.errors);
@@ -389,12 +318,12 @@ Result<Share> make_share(Peer& peer, std::size_t size, std::size_t keys, std::si
     auto stored = peer.plain->command({"SET", share.keys.back(), as_text(share.values[index % 2])});
     if (!stored) return fail(std::move(stored).error());
   }
-  if (peer.once) {
-    auto landing = peer.once->target->expose(share.landing.data(), share.landing.size());
+  if (peer.expose_once) {
+    auto landing = peer.dma->target().expose(share.landing.data(), share.landing.size());
     if (!landing) return fail(std::move(landing).error());
     share.landing_exposed = std::move(*landing);
     for (auto& value : share.values) {
-      auto exposed = peer.once->target->expose(value.data(), value.size());
+      auto exposed = peer.dma->target().expose(value.data(), value.size());
       if (!exposed) return fail(std::move(exposed).error());
       share.values_exposed.push_back(std::move(*exposed));
     }
@@ -499,68 +428,18 @@ Result<std::unique_ptr<tools::RedisServer>> start_server(const std::string& prov
   return tools::RedisServer::start(server_options);
 }
 
-// DMA.HELLO then DMA.PROVE for an ExposedOnce, as dma::Client::hello does: registers its
-// target, inserts the server's addresses, and proves the address by exposing the nonce.
-Status hello(ExposedOnce& once) {
-  auto reply = once.connection->command(
-      {"DMA.HELLO", hex_encode(once.target->local_address())});
-  if (!reply) return fail(std::move(reply).error());
-  const redisReply& answer = **reply;
-  if (answer.type != REDIS_REPLY_ARRAY || answer.elements != 2 ||
-      answer.element[0]->type != REDIS_REPLY_STRING ||
-      answer.element[1]->type != REDIS_REPLY_ARRAY || answer.element[1]->elements == 0) {
-    return fail(ErrorCode::kInvalidArgument,
-                "DMA.HELLO returned something other than [nonce, [server addresses]]");
-  }
-  auto nonce = hex_decode(std::string_view(answer.element[0]->str, answer.element[0]->len));
-  if (!nonce || nonce->empty()) {
-    return fail(ErrorCode::kInvalidArgument, "DMA.HELLO returned a bad nonce");
-  }
-  const redisReply& listed = *answer.element[1];
-  for (std::size_t index = 0; index < listed.elements; ++index) {
-    const redisReply* element = listed.element[index];
-    if (element->type != REDIS_REPLY_STRING) {
-      return fail(ErrorCode::kInvalidArgument, "DMA.HELLO returned a non-string address");
-    }
-    auto address = hex_decode(std::string_view(element->str, element->len));
-    if (!address) return fail(std::move(address).error());
-    if (Status added = once.target->add_initiator(*address); !added) return added;
-  }
-  std::vector<std::byte> proof(nonce->size());
-  std::memcpy(proof.data(), nonce->data(), nonce->size());
-  auto exposed = once.target->expose(proof.data(), proof.size());
-  if (!exposed) return fail(std::move(exposed).error());
-  once.target->synchronize();
-  std::vector<std::string> fields{"DMA.PROVE"};
-  region_fields_of(*exposed, fields);
-  auto proven = command_vector(*once.connection, fields);
-  if (!proven) return fail(std::move(proven).error());
-  if ((*proven)->type != REDIS_REPLY_STATUS) {
-    return fail(ErrorCode::kInvalidArgument, "DMA.PROVE returned something other than OK");
-  }
-  return {};
-}
-
 Result<std::vector<Peer>> connect_peers(const std::string& host, int port,
                                         const std::string& provider, std::size_t count,
                                         bool expose_once) {
   std::vector<Peer> peers;
   for (std::size_t index = 0; index < count; ++index) {
     Peer peer;
-    if (expose_once) {
-      auto connection = Connection::open(host, port);
-      if (!connection) return fail(std::move(connection).error());
-      auto target = Target::open(client_configuration(provider));
-      if (!target) return fail(std::move(target).error());
-      peer.once = ExposedOnce{std::move(*connection), std::move(*target)};
-      if (Status said = hello(*peer.once); !said) return fail(std::move(said).error());
-    } else {
-      auto client = Client::connect(host, port, client_configuration(provider),
-                                    Client::Options{kReplyTimeout});
-      if (!client) return fail(std::move(client).error());
-      if (Status said = (*client)->hello(); !said) return fail(std::move(said).error());
-      peer.dma = std::move(*client);
-    }
+    auto client = Client::connect(host, port, client_configuration(provider),
+                                  Client::Options{kReplyTimeout});
+    if (!client) return fail(std::move(client).error());
+    if (Status said = (*client)->hello(); !said) return fail(std::move(said).error());
+    peer.dma = std::move(*client);
+    peer.expose_once = expose_once;
     auto plain = Connection::open(host, port);
     if (!plain) return fail(std::move(plain).error());
     peer.plain = std::move(*plain);

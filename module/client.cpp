@@ -51,9 +51,9 @@ Result<std::pair<std::uint64_t, std::uint32_t>> length_and_crc(const redisReply&
                    static_cast<std::uint32_t>(reply.element[1]->integer)};
 }
 
-std::vector<std::string> with_region(std::vector<std::string> arguments, const Exposed& exposed,
-                                     std::size_t length) {
-  const RemoteRegion region = exposed.region(0, length);
+// `arguments` followed by the whole of `exposed` as <rkey> <addr> <len>.
+std::vector<std::string> with_region(std::vector<std::string> arguments, const Exposed& exposed) {
+  const RemoteRegion region = exposed.whole();
   arguments.push_back(std::to_string(region.key));
   arguments.push_back(std::to_string(region.address));
   arguments.push_back(std::to_string(region.length));
@@ -131,7 +131,7 @@ Status Client::hello() {
   auto exposed = target_->expose(proof.data(), proof.size());
   if (!exposed) return fail(std::move(exposed).error());
   target_->synchronize();  // our writes to `proof` before the server's read
-  auto proven = run(connection_, with_region({"DMA.PROVE"}, *exposed, proof.size()));
+  auto proven = run(connection_, with_region({"DMA.PROVE"}, *exposed));
   if (!proven) return fail(std::move(proven).error());
   if ((*proven)->type != REDIS_REPLY_STATUS) {
     return fail(ErrorCode::kInvalidArgument, "DMA.PROVE returned something other than OK");
@@ -142,24 +142,30 @@ Status Client::hello() {
 
 Result<std::optional<std::size_t>> Client::get(std::string_view key,
                                                std::span<std::byte> buffer) {
-  // Registering per call keeps the client simple; a caller moving many values should keep one
-  // large exposed buffer instead (registration costs more than a small transfer).
+  // An empty buffer still needs a region to advertise; a one-byte spare stands in for it.
   std::byte spare{};
   std::span<std::byte> landing = buffer.empty() ? std::span<std::byte>(&spare, 1) : buffer;
   auto exposed = target_->expose(landing.data(), landing.size());
   if (!exposed) return fail(std::move(exposed).error());
-  auto reply =
-      run(connection_, with_region({"DMA.GET", std::string(key)}, *exposed, landing.size()));
+  auto got = get(key, *exposed);
+  if (got && *got && **got > buffer.size()) {
+    return fail(ErrorCode::kInvalidArgument, "DMA.GET reported more bytes than the buffer holds");
+  }
+  return got;
+}
+
+Result<std::optional<std::size_t>> Client::get(std::string_view key, const Exposed& landing) {
+  auto reply = run(connection_, with_region({"DMA.GET", std::string(key)}, landing));
   if (!reply) return fail(std::move(reply).error());
   if ((*reply)->type == REDIS_REPLY_NIL) return std::optional<std::size_t>();
   auto answer = length_and_crc(**reply, "DMA.GET");
   if (!answer) return fail(std::move(answer).error());
   const auto [length, crc] = *answer;
-  if (length > buffer.size()) {
+  if (length > landing.length()) {
     return fail(ErrorCode::kInvalidArgument, "DMA.GET reported more bytes than the buffer holds");
   }
   target_->synchronize();  // the server's write before our reads
-  const std::uint32_t landed = crc32c(buffer.first(length));
+  const std::uint32_t landed = crc32c(std::span<const std::byte>(landing.data(), length));
   if (landed != crc) {
     return fail(ErrorCode::kCorrupted, "DMA.GET: the bytes that landed have CRC32C " +
                                            std::to_string(landed) + ", the server sent " +
@@ -172,19 +178,26 @@ Status Client::set(std::string_view key, std::span<const std::byte> value) {
   std::byte spare{};
   // The server only reads this memory; Target::expose wants a mutable pointer.
   void* data = value.empty() ? &spare : const_cast<std::byte*>(value.data());
-  const std::size_t exposed_length = value.empty() ? 1 : value.size();
-  auto exposed = target_->expose(data, exposed_length);
+  auto exposed = target_->expose(data, value.empty() ? 1 : value.size());
   if (!exposed) return fail(std::move(exposed).error());
-  target_->synchronize();  // the caller's writes to `value` before the server's read
-  const std::uint32_t crc = crc32c(value);
-  auto reply = run(connection_, with_region({"DMA.SET", std::string(key),
-                                             std::to_string(value.size()), "CRC",
-                                             std::to_string(crc)},
-                                            *exposed, exposed_length));
+  return set(key, *exposed, value.size());
+}
+
+Status Client::set(std::string_view key, const Exposed& value, std::size_t length) {
+  if (length > value.length()) {
+    return fail(ErrorCode::kInvalidArgument,
+                "DMA.SET of " + std::to_string(length) + " bytes from an exposed buffer of " +
+                    std::to_string(value.length()));
+  }
+  target_->synchronize();  // the caller's writes to the buffer before the server's read
+  const std::uint32_t crc = crc32c(std::span<const std::byte>(value.data(), length));
+  auto reply = run(connection_, with_region({"DMA.SET", std::string(key), std::to_string(length),
+                                             "CRC", std::to_string(crc)},
+                                            value));
   if (!reply) return fail(std::move(reply).error());
   auto answer = length_and_crc(**reply, "DMA.SET");
   if (!answer) return fail(std::move(answer).error());
-  if (answer->first != value.size() || answer->second != crc) {
+  if (answer->first != length || answer->second != crc) {
     return fail(ErrorCode::kCorrupted, "DMA.SET: the server stored a different length or CRC32C");
   }
   return {};

@@ -55,6 +55,13 @@ class Client {
   // DMA.SET of `value`, with its CRC32C so the server refuses bytes that arrive damaged.
   Status set(std::string_view key, std::span<const std::byte> value);
 
+  // The same with buffers the caller exposed on target() and keeps exposed across calls: the
+  // calls above register their buffer every time, which costs more than a small transfer
+  // (docs/PERFORMANCE.md). get() lands in all of `landing`; set() sends its first `length`
+  // bytes. The caller must not touch the buffer while a call is in progress.
+  Result<std::optional<std::size_t>> get(std::string_view key, const Exposed& landing);
+  Status set(std::string_view key, const Exposed& value, std::size_t length);
+
   // The server's endpoint addresses from hello(), and this client's target.
   const std::vector<std::vector<std::uint8_t>>& server_addresses() const noexcept {
     return server_addresses_;

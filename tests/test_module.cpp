@@ -501,6 +501,46 @@ TEST_F(Module, set_then_get_round_trips_every_size) {
   }
 }
 
+TEST_F(Module, buffers_exposed_once_serve_many_gets_and_sets) {
+  // If this fails, a client that keeps one buffer exposed (to skip a registration per call)
+  // reads stale or foreign bytes, or a SET of part of its buffer stores the wrong length.
+  auto dma = client();
+  ASSERT_TRUE(dma);
+  Connection plain(port());
+  std::vector<std::byte> memory(64 << 10, std::byte{0x5a});
+  auto exposed = dma->target().expose(memory.data(), memory.size());
+  ASSERT_TRUE(exposed) << exposed.error().describe();
+  for (std::uint32_t round = 0; round < 8; ++round) {
+    SCOPED_TRACE("round " + std::to_string(round));
+    const std::size_t size = (std::size_t{1} << round) * 257;  // 257 B .. 32 KiB, not the buffer's
+    const auto value = pattern(size, 100 + round);
+    std::memcpy(memory.data(), value.data(), size);  // written after the buffer was exposed
+    Status stored = dma->set("exposed-once", *exposed, size);
+    ASSERT_TRUE(stored) << stored.error().describe();
+    Reply got = plain.command({"GET", "exposed-once"});
+    ASSERT_TRUE(got);
+    ASSERT_EQ(REDIS_REPLY_STRING, got->type);
+    ASSERT_EQ(size, got->len) << "the SET stored more or less than asked";
+    ASSERT_EQ(0, std::memcmp(got->str, value.data(), size));
+
+    std::fill(memory.begin(), memory.end(), std::byte{0});
+    auto read = dma->get("exposed-once", *exposed);
+    ASSERT_TRUE(read) << read.error().describe();
+    ASSERT_EQ(size, read->value());
+    ASSERT_EQ(0, std::memcmp(memory.data(), value.data(), size));
+    EXPECT_EQ(std::byte{0}, memory[size]) << "nothing may be written past the value";
+  }
+  auto missing = dma->get("exposed-once-missing", *exposed);
+  ASSERT_TRUE(missing) << missing.error().describe();
+  EXPECT_FALSE(missing->has_value());
+  Status too_long = dma->set("exposed-once", *exposed, memory.size() + 1);
+  ASSERT_FALSE(too_long);
+  EXPECT_EQ(ErrorCode::kInvalidArgument, too_long.error().code());
+  Reply kept = plain.command({"STRLEN", "exposed-once"});
+  ASSERT_TRUE(kept);
+  EXPECT_EQ(257 * 128, kept->integer) << "a refused SET changed the key";
+}
+
 TEST_F(Module, dma_get_returns_a_value_stored_by_plain_set) {
   // Values written by ordinary clients (including integer-encoded ones) must be readable.
   auto dma = client();
