@@ -195,6 +195,7 @@ Status Client::set(std::string_view key, const Exposed& value, std::size_t lengt
                                              "CRC", std::to_string(crc)},
                                             value));
   if (!reply) return fail(std::move(reply).error());
+  target_->synchronize();  // the provider's sends from the buffer before the caller reuses it
   auto answer = length_and_crc(**reply, "DMA.SET");
   if (!answer) return fail(std::move(answer).error());
   if (answer->first != length || answer->second != crc) {

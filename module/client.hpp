@@ -58,7 +58,8 @@ class Client {
   // The same with buffers the caller exposed on target() and keeps exposed across calls: the
   // calls above register their buffer every time, which costs more than a small transfer
   // (docs/PERFORMANCE.md). get() lands in all of `landing`; set() sends its first `length`
-  // bytes. The caller must not touch the buffer while a call is in progress.
+  // bytes. The caller must not touch the buffer while a call is in progress, and may once it
+  // returns (both calls synchronize with the target's progress, Target::synchronize()).
   Result<std::optional<std::size_t>> get(std::string_view key, const Exposed& landing);
   Status set(std::string_view key, const Exposed& value, std::size_t length);
 

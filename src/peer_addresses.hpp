@@ -17,6 +17,7 @@
 // destroyed) before the address vector closes.
 #pragma once
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -62,6 +63,20 @@ class RegisteredAddress {
   fi_addr_t handle() const noexcept { return handle_; }
   // The process behind a same-host address, or nullptr when the address does not name one.
   const PeerProcess* owner() const noexcept { return owner_ ? &*owner_ : nullptr; }
+
+  // The worker's view of whether this peer takes posts, kept by the worker thread: its pieces
+  // in flight (not expired), and since when every post to it has answered -FI_EAGAIN while none
+  // were. The progress deadline runs on this clock, not an operation's: measured on shm, an
+  // operation sent to the back of a deep queue by one -FI_EAGAIN otherwise failed as
+  // "unreachable" at its next turn though the peer had taken posts all along (3,800 of 4,000
+  // with a 20 ms deadline).
+  struct Progress {
+    std::size_t live_pieces = 0;
+    std::optional<std::chrono::steady_clock::time_point> refusing_since;
+    std::chrono::steady_clock::time_point last_refusal;  // a gap longer than the deadline
+                                                          // restarts the clock
+  };
+  Progress progress;
 
  private:
   fid_av* address_vector_;

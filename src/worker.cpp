@@ -306,6 +306,10 @@ void Worker::post() {
         ++in_flight_;
         ++op->in_flight;
         op->eagain = false;
+        if (op->peer_entry) {
+          ++op->peer_entry->progress.live_pieces;
+          op->peer_entry->progress.refusing_since.reset();
+        }
         op->local_offset += size;
         op->region_offset += size;
         if (op->region_offset == region.length) {
@@ -318,11 +322,7 @@ void Worker::post() {
       release_piece(piece);
       if (code == -FI_EAGAIN) {
         shared_->counters.eagain.fetch_add(1, std::memory_order_relaxed);
-        const auto now = Clock::now();
-        if (!op->eagain) {
-          op->eagain = true;
-          op->first_eagain = now;
-        } else if (now - op->first_eagain >= configuration_.progress_deadline) {
+        if (past_progress_deadline(*op, Clock::now())) {
           op->error = Error(ErrorCode::kUnreachable,
                             "peer unreachable: the provider answered -FI_EAGAIN for " +
                                 std::to_string(configuration_.progress_deadline.count()) +
@@ -354,6 +354,35 @@ void Worker::post() {
       break;
     }
   }
+}
+
+bool Worker::past_progress_deadline(Op& op, Clock::time_point now) {
+  if (!op.peer_entry) {
+    // efa: ops keep no entry (prepare()), so the clock is the op's own.
+    if (!op.eagain) {
+      op.eagain = true;
+      op.first_eagain = now;
+      return false;
+    }
+    return now - op.first_eagain >= configuration_.progress_deadline;
+  }
+  RegisteredAddress::Progress& peer = op.peer_entry->progress;
+  if (peer.live_pieces > 0) {
+    // It has taken posts that are still in flight: reachable, only full for now. A peer that
+    // never completes them is the completion deadline's, which takes them out of this count.
+    peer.refusing_since.reset();
+    return false;
+  }
+  // Refusals must be continuous: after a gap longer than the deadline (no transfer for it, or
+  // its turn long in coming) the earlier ones say nothing about now, and the clock restarts.
+  const bool restart = !peer.refusing_since ||
+                       now - peer.last_refusal >= configuration_.progress_deadline;
+  peer.last_refusal = now;
+  if (restart) {
+    peer.refusing_since = now;
+    return false;
+  }
+  return now - *peer.refusing_since >= configuration_.progress_deadline;
 }
 
 long Worker::post_piece(Op& op, Piece& piece, std::size_t size) {
@@ -433,7 +462,11 @@ void Worker::piece_done(Piece* piece) {
   release_piece(piece);
   --in_flight_;
   --op->in_flight;
-  if (op->expired) --held_pieces_;
+  if (op->expired) {
+    --held_pieces_;
+  } else if (op->peer_entry) {
+    --op->peer_entry->progress.live_pieces;
+  }
   if (op->in_flight != 0 || op->queued) return;
   if (op->error) {
     finish(op, fail(*op->error));
@@ -450,6 +483,7 @@ void Worker::expire_overdue(Clock::time_point now) {
     }
     op->expired = true;
     held_pieces_ += op->in_flight;
+    if (op->peer_entry) op->peer_entry->progress.live_pieces -= op->in_flight;
     shared_->counters.expired.fetch_add(1, std::memory_order_relaxed);
     // Replaces an error a piece already reported: the caller learns the transfer is over now,
     // and that its operand stays held.

@@ -183,7 +183,7 @@ class Worker {
     std::size_t in_flight = 0;      // pieces posted and not yet reaped
     bool posting_done = false;
     bool queued = false;  // in pending_
-    bool eagain = false;
+    bool eagain = false;   // efa only (no peer_entry): the op's own progress clock runs
     bool expired = false;  // failed at the completion deadline; held until its pieces are reaped
     std::chrono::steady_clock::time_point first_eagain;
     std::chrono::steady_clock::time_point posted_at;  // its first piece's post
@@ -203,6 +203,9 @@ class Worker {
   void post();
   // 0, -FI_EAGAIN, or another negative libfabric error.
   long post_piece(Op& op, Piece& piece, std::size_t size);
+  // Called on -FI_EAGAIN: whether `op`'s peer has refused every post for the progress deadline
+  // (with nothing of it in flight), so the op fails as unreachable.
+  bool past_progress_deadline(Op& op, std::chrono::steady_clock::time_point now);
   std::size_t reap();
   // One piece is back from the provider (reaped, or its endpoint closed): frees it and finishes
   // its transfer if that was the last piece and nothing more is to be posted.

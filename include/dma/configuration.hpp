@@ -27,7 +27,8 @@ struct Configuration {
   // Most RMA operations posted at once on one endpoint. 0 means "the provider's tx queue size";
   // a non-zero value is clamped to it.
   std::size_t max_in_flight = 64;
-  // How long an operation may keep answering -FI_EAGAIN before it fails as unreachable.
+  // How long a peer may refuse every post (-FI_EAGAIN, with nothing of it in flight) before its
+  // queued transfers fail as unreachable.
   std::chrono::milliseconds progress_deadline{1000};
   // How long a posted transfer may go without a completion before it fails as timed out (a
   // peer that died after the post; shm's never-completing bad write). The service keeps serving
