@@ -41,7 +41,20 @@ PeerProcess::~PeerProcess() {
 }
 
 PeerProcess::PeerProcess(PeerProcess&& other) noexcept
-    : pid_(other.pid_), pidfd_(std::exchange(other.pidfd_, -1)), exited_(other.exited_) {}
+    : pid_(other.pid_),
+      pidfd_(std::exchange(other.pidfd_, -1)),
+      exited_(other.exited_),
+      asked_(other.asked_),
+      asked_at_(other.asked_at_) {}
+
+bool PeerProcess::exited(std::chrono::steady_clock::time_point now,
+                         std::chrono::steady_clock::duration max_age) const {
+  if (exited_) return true;
+  if (asked_ && now - asked_at_ < max_age) return false;
+  asked_ = true;
+  asked_at_ = now;
+  return exited();
+}
 
 bool PeerProcess::exited() const {
   if (exited_) return true;

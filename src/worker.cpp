@@ -285,9 +285,14 @@ void Worker::post() {
     }
     if (!op->error && op->peer_entry) {
       // shm: a target that died holding its region lock would leave the post below spinning
-      // forever (peer_process.hpp); a dead process gets nothing more posted to it.
+      // forever (peer_process.hpp); a dead process gets nothing more posted to it. A transfer's
+      // first turn always asks, so nothing submitted after a death could be seen is posted;
+      // its retries after -FI_EAGAIN reuse an answer up to kOwnerRecheck old.
       const PeerProcess* owner = op->peer_entry->owner();
-      if (owner != nullptr && owner->exited()) {
+      const bool first_turn = !op->owner_asked;
+      op->owner_asked = true;
+      if (owner != nullptr &&
+          (first_turn ? owner->exited() : owner->exited(Clock::now(), kOwnerRecheck))) {
         op->error = Error(ErrorCode::kUnreachable,
                           "peer unreachable: its process (pid " + std::to_string(owner->pid()) +
                               ") has exited");
@@ -617,7 +622,7 @@ Worker::Op* Worker::acquire_op() {
   op->length = 0;
   op->operand = LocalOperand{};
   op->region = op->region_offset = op->local_offset = op->in_flight = 0;
-  op->posting_done = op->queued = op->eagain = op->expired = false;
+  op->posting_done = op->queued = op->eagain = op->expired = op->owner_asked = false;
   op->error.reset();
   return op;
 }

@@ -137,6 +137,9 @@ bool checksum_flush_due(std::size_t batched, bool queue_dry, bool parking) noexc
 
 // How often a worker whose only operations in flight have expired wakes to reap them.
 inline constexpr std::chrono::milliseconds kHeldPollInterval{20};
+// How old an answer to "has the shm peer's process exited?" may be when an operation retries
+// after -FI_EAGAIN (a new operation always asks afresh; peer_process.hpp).
+inline constexpr std::chrono::milliseconds kOwnerRecheck{1};
 
 class Worker {
  public:
@@ -183,6 +186,7 @@ class Worker {
     std::size_t in_flight = 0;      // pieces posted and not yet reaped
     bool posting_done = false;
     bool queued = false;  // in pending_
+    bool owner_asked = false;  // whether the peer's process was asked about before its posts
     bool eagain = false;   // efa only (no peer_entry): the op's own progress clock runs
     bool expired = false;  // failed at the completion deadline; held until its pieces are reaped
     std::chrono::steady_clock::time_point first_eagain;

@@ -157,13 +157,20 @@ TEST(PeerProcess, a_killed_peer_is_seen_as_exited_before_it_is_reaped) {
   PeerProcess watch(*owner);
   EXPECT_FALSE(watch.exited());
   EXPECT_FALSE(watch.exited()) << "asking twice changes nothing";
+  const auto asked = std::chrono::steady_clock::now();
+  EXPECT_FALSE(watch.exited(asked, std::chrono::hours(1))) << "the first timed question asks";
   // Dead but not reaped (a zombie): the parent (this test) has not waited for it yet.
   ASSERT_EQ(0, ::kill(target.pid(), SIGKILL));
+  // An answer younger than max_age is reused without asking (the worker's retries after
+  // -FI_EAGAIN skip the syscall), whatever happened since.
+  EXPECT_FALSE(watch.exited(asked + std::chrono::minutes(59), std::chrono::hours(1)));
   const auto deadline = std::chrono::steady_clock::now() + testing::kDeadline;
   while (!watch.exited() && std::chrono::steady_clock::now() < deadline) {
     std::this_thread::yield();
   }
   EXPECT_TRUE(watch.exited()) << "a SIGKILLed peer was never seen to exit";
+  EXPECT_TRUE(watch.exited(asked + std::chrono::minutes(1), std::chrono::hours(1)))
+      << "once seen, an exit is never forgotten";
   target.kill_now();
   EXPECT_TRUE(watch.exited()) << "exited stays true";
 }
