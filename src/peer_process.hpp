@@ -35,8 +35,8 @@ class PeerProcess {
   PeerProcess(const PeerProcess&) = delete;
   PeerProcess& operator=(const PeerProcess&) = delete;
 
-  // True once the process has exited (it stays true). One poll(2) on the pidfd: cheap enough to
-  // ask before every posting pass. Without pidfd support (kernel older than 5.3, or a seccomp
+  // True once the process has exited (it stays true). One poll(2) on the pidfd, asked afresh
+  // every time. Without pidfd support (kernel older than 5.3, or a seccomp
   // profile refusing it) it falls back to kill(pid, 0), which misses a zombie.
   bool exited() const;
   // The same, but answers "alive" without asking again if the last question was asked less than
