@@ -129,9 +129,8 @@ Result<std::shared_ptr<RegisteredAddress>> PeerAddresses::handle(
 
   Result<fi_addr_t> inserted = insert(address);
   if (!inserted) return fail(std::move(inserted).error());
-  std::optional<PeerProcess> owner;
-  if (std::optional<ShmOwner> named = shm_address_owner(address)) owner.emplace(*named);
-  auto entry = std::make_shared<RegisteredAddress>(address_vector_, *inserted, std::move(owner));
+  auto entry = std::make_shared<RegisteredAddress>(address_vector_, *inserted,
+                                                   shm_address_owner(address));
   sweep();
   by_identity_.emplace(std::string(identity), Indexed{std::string(whole), entry});
   by_client_[client_id] = entry;

@@ -55,8 +55,10 @@ Status check_address(std::uint32_t fi_addr_format, std::span<const std::uint8_t>
 class RegisteredAddress {
  public:
   RegisteredAddress(fid_av* address_vector, fi_addr_t handle,
-                    std::optional<PeerProcess> owner = std::nullopt)
-      : address_vector_(address_vector), handle_(handle), owner_(std::move(owner)) {}
+                    const std::optional<ShmOwner>& owner = std::nullopt)
+      : address_vector_(address_vector), handle_(handle) {
+    if (owner) owner_.emplace(*owner);
+  }
   ~RegisteredAddress();
   RegisteredAddress(const RegisteredAddress&) = delete;
   RegisteredAddress& operator=(const RegisteredAddress&) = delete;

@@ -6,7 +6,6 @@
 
 #include <cerrno>
 #include <csignal>
-#include <utility>
 
 namespace dma::internal {
 namespace {
@@ -39,13 +38,6 @@ PeerProcess::PeerProcess(const ShmOwner& owner) : pid_(owner.pid) {
 PeerProcess::~PeerProcess() {
   if (pidfd_ >= 0) ::close(pidfd_);
 }
-
-PeerProcess::PeerProcess(PeerProcess&& other) noexcept
-    : pid_(other.pid_),
-      pidfd_(std::exchange(other.pidfd_, -1)),
-      exited_(other.exited_),
-      asked_(other.asked_),
-      asked_at_(other.asked_at_) {}
 
 bool PeerProcess::exited(std::chrono::steady_clock::time_point now,
                          std::chrono::steady_clock::duration max_age) const {

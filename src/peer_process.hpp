@@ -30,8 +30,6 @@ class PeerProcess {
   // time is not the one advertised), exited() is true from the start.
   explicit PeerProcess(const ShmOwner& owner);
   ~PeerProcess();
-  PeerProcess(PeerProcess&& other) noexcept;
-  PeerProcess& operator=(PeerProcess&&) = delete;
   PeerProcess(const PeerProcess&) = delete;
   PeerProcess& operator=(const PeerProcess&) = delete;
 
