@@ -13,7 +13,7 @@
 #include <cstring>
 
 #include "dma/configuration.hpp"
-#include "shm_regions.hpp"
+#include "fabric/shm_regions.hpp"
 
 namespace dma::bench {
 namespace {

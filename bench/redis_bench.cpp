@@ -31,7 +31,7 @@
 #include <thread>
 #include <vector>
 
-#include "client.hpp"
+#include "dma/client.hpp"
 #include "commands.hpp"
 #include "dma/protocol.hpp"
 #include "pattern.hpp"

@@ -24,7 +24,7 @@
 #include <thread>
 
 #include "child_process.hpp"
-#include "client.hpp"
+#include "dma/client.hpp"
 #include "core.hpp"
 #include "dma/protocol.hpp"
 #include "dma/target.hpp"

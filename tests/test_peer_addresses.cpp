@@ -14,8 +14,8 @@
 
 #include "dma/configuration.hpp"
 #include "dma/result.hpp"
-#include "endpoint.hpp"
-#include "peer_addresses.hpp"
+#include "fabric/endpoint.hpp"
+#include "fabric/peer_addresses.hpp"
 
 namespace dma::internal {
 namespace {

@@ -23,9 +23,9 @@
 #include "dma/configuration.hpp"
 #include "dma/memory.hpp"
 #include "dma/result.hpp"
-#include "endpoint.hpp"
-#include "local_regions.hpp"
-#include "registration_cache.hpp"
+#include "fabric/endpoint.hpp"
+#include "fabric/local_regions.hpp"
+#include "fabric/registration_cache.hpp"
 
 namespace dma::internal {
 namespace {

@@ -13,8 +13,8 @@
 #include "dma/service.hpp"
 #include "dma/target.hpp"
 #include "fixtures.hpp"
-#include "one_shot.hpp"
-#include "worker.hpp"
+#include "worker/one_shot.hpp"
+#include "worker/worker.hpp"
 
 namespace dma {
 namespace {

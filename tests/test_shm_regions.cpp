@@ -19,8 +19,8 @@
 #include "dma/target.hpp"
 #include "child_process.hpp"
 #include "fixtures.hpp"
-#include "peer_process.hpp"
-#include "shm_regions.hpp"
+#include "fabric/peer_process.hpp"
+#include "fabric/shm_regions.hpp"
 
 namespace dma {
 namespace {

@@ -28,7 +28,7 @@
 #include "dma/configuration.hpp"
 #include "dma/protocol.hpp"
 #include "dma/service.hpp"
-#include "client.hpp"
+#include "dma/client.hpp"
 #include "dma/target.hpp"
 #include "owned_bytes.hpp"
 #include "pattern.hpp"

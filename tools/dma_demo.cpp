@@ -22,7 +22,7 @@
 #include <string>
 #include <vector>
 
-#include "client.hpp"
+#include "dma/client.hpp"
 #include "dma/protocol.hpp"
 #include "pattern.hpp"
 #include "redis_server.hpp"

@@ -44,7 +44,7 @@
 #include <thread>
 #include <vector>
 
-#include "client.hpp"
+#include "dma/client.hpp"
 #include "dma/protocol.hpp"
 #include "pattern.hpp"
 #include "redis_server.hpp"

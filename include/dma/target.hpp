@@ -24,7 +24,7 @@
 #include "dma/configuration.hpp"
 #include "dma/protocol.hpp"
 #include "dma/result.hpp"
-#include "dma/service.hpp"
+#include "dma/fabric.hpp"
 
 namespace dma {
 

@@ -15,7 +15,7 @@
 #include <optional>
 
 #include "dma/memory.hpp"
-#include "endpoint.hpp"
+#include "fabric/endpoint.hpp"
 
 namespace dma::internal {
 

@@ -1,4 +1,4 @@
-#include "endpoint.hpp"
+#include "fabric/endpoint.hpp"
 
 #include <cstdlib>
 
@@ -6,7 +6,7 @@
 #include <set>
 #include <sstream>
 
-#include "shm_regions.hpp"
+#include "fabric/shm_regions.hpp"
 
 namespace dma::internal {
 namespace {

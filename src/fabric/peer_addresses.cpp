@@ -1,4 +1,4 @@
-#include "peer_addresses.hpp"
+#include "fabric/peer_addresses.hpp"
 
 #include <netinet/in.h>
 #include <sys/socket.h>

@@ -12,10 +12,10 @@
 #include <vector>
 
 #include "dma/configuration.hpp"
-#include "dma/service.hpp"
-#include "fabric.hpp"
+#include "dma/fabric.hpp"
+#include "fabric/fid.hpp"
 #include <rdma/fi_eq.h>
-#include "registration_cache.hpp"
+#include "fabric/registration_cache.hpp"
 
 namespace dma::internal {
 

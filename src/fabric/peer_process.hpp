@@ -20,7 +20,7 @@
 
 #include <chrono>
 
-#include "shm_regions.hpp"
+#include "fabric/shm_regions.hpp"
 
 namespace dma::internal {
 

@@ -1,4 +1,4 @@
-#include "peer_process.hpp"
+#include "fabric/peer_process.hpp"
 
 #include <poll.h>
 #include <sys/syscall.h>

@@ -1,4 +1,4 @@
-#include "shm_regions.hpp"
+#include "fabric/shm_regions.hpp"
 
 #include <sys/stat.h>
 #include <unistd.h>

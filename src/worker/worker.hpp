@@ -45,10 +45,10 @@
 #include <vector>
 
 #include "dma/service.hpp"
-#include "endpoint.hpp"
-#include "local_regions.hpp"
-#include "one_shot.hpp"
-#include "peer_addresses.hpp"
+#include "fabric/endpoint.hpp"
+#include "fabric/local_regions.hpp"
+#include "worker/one_shot.hpp"
+#include "fabric/peer_addresses.hpp"
 
 namespace dma::internal {
 

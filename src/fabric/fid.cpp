@@ -1,4 +1,4 @@
-#include "fabric.hpp"
+#include "fabric/fid.hpp"
 
 #include <sys/resource.h>
 

@@ -1,4 +1,4 @@
-#include "client.hpp"
+#include "dma/client.hpp"
 
 #include <hiredis/hiredis.h>
 

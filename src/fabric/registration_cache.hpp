@@ -21,7 +21,7 @@
 #include <thread>
 #include <vector>
 
-#include "fabric.hpp"
+#include "fabric/fid.hpp"
 
 namespace dma::internal {
 

@@ -1,4 +1,4 @@
-#include "worker.hpp"
+#include "worker/worker.hpp"
 
 #include <algorithm>
 #include <cstring>

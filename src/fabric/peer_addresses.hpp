@@ -27,8 +27,8 @@
 #include <string_view>
 #include <unordered_map>
 
-#include "fabric.hpp"
-#include "peer_process.hpp"
+#include "fabric/fid.hpp"
+#include "fabric/peer_process.hpp"
 
 namespace dma::internal {
 

@@ -1,4 +1,4 @@
-#include "local_regions.hpp"
+#include "fabric/local_regions.hpp"
 
 namespace dma::internal {
 

@@ -5,8 +5,8 @@
 #include <mutex>
 #include <thread>
 
-#include "endpoint.hpp"
-#include "peer_addresses.hpp"
+#include "fabric/endpoint.hpp"
+#include "fabric/peer_addresses.hpp"
 
 namespace dma {
 

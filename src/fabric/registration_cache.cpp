@@ -1,4 +1,4 @@
-#include "registration_cache.hpp"
+#include "fabric/registration_cache.hpp"
 
 #include <algorithm>
 #include <map>
