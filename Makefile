@@ -5,7 +5,7 @@ SHELL := /bin/bash
 JOBS ?= $(shell nproc)
 PROVIDER ?= tcp
 DEPS := cmake ninja-build g++ pkg-config libfabric-dev libfabric-bin libisal-dev \
-        libtomlplusplus-dev libcli11-dev libhiredis-dev libfmt-dev libgtest-dev libgmock-dev \
+        libtomlplusplus-dev libcli11-dev libhiredis-dev nlohmann-json3-dev libgtest-dev libgmock-dev \
         libbenchmark-dev redis-server iproute2 clang libclang-rt-14-dev
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 

@@ -110,3 +110,24 @@ class [[nodiscard]] Result<void> {
 using Status = Result<void>;
 
 }  // namespace dma
+
+// Propagating an error: the one way a fallible function hands a callee's failure up unchanged.
+// Both work in any function returning a Result<T> (Status included).
+//
+//   DMA_TRY(endpoint->bind(queue));                 // returns its error, or carries on
+//   DMA_TRY_ASSIGN(InfoPtr info, query(hints));     // declares `info` from the value, or returns
+//   DMA_TRY_ASSIGN(existing, reopen());             // or assigns to an existing variable
+#define DMA_TRY(expression)                                                   \
+  do {                                                                        \
+    if (auto dma_try_status_ = (expression); !dma_try_status_) {              \
+      return ::dma::fail(std::move(dma_try_status_).error());                 \
+    }                                                                         \
+  } while (false)
+#define DMA_TRY_ASSIGN(target, expression) \
+  DMA_TRY_ASSIGN_IMPL_(DMA_TRY_JOIN_(dma_try_result_, __LINE__), target, expression)
+#define DMA_TRY_JOIN_(a, b) DMA_TRY_JOIN2_(a, b)
+#define DMA_TRY_JOIN2_(a, b) a##b
+#define DMA_TRY_ASSIGN_IMPL_(temporary, target, expression)               \
+  auto temporary = (expression);                                          \
+  if (!temporary) return ::dma::fail(std::move(temporary).error());       \
+  target = std::move(temporary).value()
