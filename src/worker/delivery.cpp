@@ -1,0 +1,78 @@
+#include "worker/delivery.hpp"
+
+#include <memory>
+#include <span>
+
+#include "dma/protocol.hpp"
+
+namespace dma::internal {
+
+bool checksum_flush_due(std::size_t batched, bool queue_dry, bool parking) noexcept {
+  if (batched == 0) return false;
+  return batched >= kChecksumBatch || queue_dry || parking;
+}
+
+namespace {
+// Offers each completion to its own context first, then hands the rest to the batch completer
+// in one call.
+void deliver(std::vector<Completion>& batch, const BatchCompleter& complete_batch) {
+  std::size_t kept = 0;
+  for (std::size_t index = 0; index < batch.size(); ++index) {
+    Completion& completion = batch[index];
+    if (completion.context && completion.context->on_complete(completion.outcome)) {
+      completion.context.reset();
+      continue;
+    }
+    if (kept != index) batch[kept] = std::move(completion);
+    ++kept;
+  }
+  if (kept > 0 && complete_batch) complete_batch(std::span<Completion>(batch.data(), kept));
+  batch.clear();
+}
+}  // namespace
+
+Delivery::Delivery(ServiceShared& shared) : shared_(shared) {
+  batch_.reserve(64);
+  checksum_batch_.reserve(kChecksumBatch);
+}
+
+void Delivery::flush(bool queue_dry, bool parking) {
+  if (checksum_flush_due(checksum_batch_.size(), queue_dry, parking)) dispatch_checksums();
+  if (!batch_.empty()) deliver_now();
+}
+
+void Delivery::deliver_now() {
+  shared_.outstanding.fetch_sub(batch_.size(), std::memory_order_acq_rel);
+  deliver(batch_, shared_.complete_batch);
+}
+
+void Delivery::dispatch_checksums() {
+  {
+    std::lock_guard lock(shared_.jobs_mutex);
+    ++shared_.jobs;
+  }
+  // std::function needs a copyable job, so the batch travels in a shared_ptr.
+  auto items = std::make_shared<std::vector<ChecksumItem>>();
+  items->swap(checksum_batch_);
+  checksum_batch_.reserve(kChecksumBatch);
+  // Raw, not owning: see the header (seen under tsan: std::system_error, "Resource deadlock
+  // avoided", when a job held the last reference).
+  ServiceShared* shared = &shared_;
+  shared_.pool->post([items, shared] {
+    std::vector<Completion> batch;
+    batch.reserve(items->size());
+    for (ChecksumItem& item : *items) {
+      item.completion.outcome->checksum = crc32c(std::span<const std::byte>(item.data, item.size));
+      batch.push_back(std::move(item.completion));
+    }
+    shared->outstanding.fetch_sub(batch.size(), std::memory_order_acq_rel);
+    deliver(batch, shared->complete_batch);
+    // Notified under the lock: once it is released the service may be destroyed, so nothing
+    // after it may touch `shared`.
+    std::lock_guard lock(shared->jobs_mutex);
+    --shared->jobs;
+    shared->jobs_done.notify_all();
+  });
+}
+
+}  // namespace dma::internal

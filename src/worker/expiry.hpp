@@ -1,0 +1,44 @@
+// Private: failing posted transfers that never complete (the completion deadline).
+//
+// A peer that hangs (a stopped process, a wedged host) or shm's delivery-complete write past an
+// exposed region never produces a completion (PROVIDERS.md). Without a deadline such a transfer
+// holds its caller forever and, with the in-flight cap small, the whole server. Past
+// completion_deadline since its first post, a live transfer fails as kTimedOut (its context's
+// on_expired is told at once) and leaves the in-flight cap (its pieces become "held"), so others
+// keep flowing. It does not leave the worker: its pieces may still be in the provider's hands,
+// so its context (the operand's owner) and its address entry stay until the pieces are reaped
+// late or the endpoint closes. Held pieces still occupy the provider's transmit queue: if they
+// ever filled it, new posts would answer -FI_EAGAIN and fail at the progress deadline (errors,
+// never a hang). The table is scanned at most every tenth of the deadline (at most 100 ms), which
+// bounds how late a transfer expires.
+//
+// Ownership: owned by the Worker. Thread-safety: the worker thread only.
+#pragma once
+
+#include <chrono>
+
+#include "worker/clock.hpp"
+#include "worker/op_table.hpp"
+#include "worker/service_shared.hpp"
+
+namespace dma::internal {
+
+class Expiry {
+ public:
+  Expiry(std::chrono::milliseconds completion_deadline, WorkerClock clock,
+         AtomicCounters& counters)
+      : deadline_(completion_deadline), clock_(clock), counters_(counters) {}
+
+  // Expires every live transfer posted at least the deadline ago, if a scan is due.
+  void check(OpTable& table);
+
+ private:
+  void expire_overdue(OpTable& table, WorkerClock::time_point now);
+
+  std::chrono::milliseconds deadline_;  // zero: never
+  WorkerClock clock_;
+  AtomicCounters& counters_;
+  WorkerClock::time_point next_check_{};
+};
+
+}  // namespace dma::internal

@@ -1,0 +1,97 @@
+// Private: the worker's transfers (Op) and posted pieces (Piece), pooled, and where they are.
+//
+// A completion queue entry hands back only the context pointer given at post (fi_cq(3)). Making
+// that context the Piece itself (a fi_context2 as its first member) means a completion needs no
+// lookup, and pooling Ops and Pieces means a warm worker allocates nothing per transfer. Neither
+// may be freed while the provider can still report it: a Piece goes back to the pool only when
+// it is reaped or the endpoint is closed under it. The table also keeps the queue of transfers
+// waiting to post and the in-flight counts every other part of the loop reads: pieces on the
+// wire, and how many of those belong to expired transfers ("held": they leave the in-flight cap
+// but not the provider).
+//
+// Ownership: owned by the Worker; Ops and Pieces live as long as the table. Thread-safety: the
+// worker thread only.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <deque>
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include <rdma/fabric.h>
+
+#include "dma/service.hpp"
+#include "fabric/local_regions.hpp"
+#include "fabric/peer_addresses.hpp"
+
+namespace dma::internal {
+
+struct Op;
+struct Piece {
+  fi_context2 context;  // first member: the CQ entry's op_context is this Piece
+  Op* op;               // the transfer it belongs to while posted; nullptr while free
+};
+
+struct Op {
+  TransferRequest request;
+  fi_addr_t peer = FI_ADDR_UNSPEC;
+  // Keeps the address-vector entry `peer` names until the op finishes, so a client
+  // re-advertising a new address cannot remove (and let the next insert reuse) the slot its
+  // queued and posted transfers still target. Not on efa (see prepare_transfer()).
+  std::shared_ptr<RegisteredAddress> peer_entry;
+  std::byte* local = nullptr;
+  std::size_t length = 0;
+  LocalOperand operand;
+  std::size_t region = 0;         // posting cursor: which remote region
+  std::size_t region_offset = 0;  // and how far into it
+  std::size_t local_offset = 0;   // bytes of the local operand posted so far
+  std::size_t in_flight = 0;      // pieces posted and not yet reaped
+  bool posting_done = false;
+  bool queued = false;       // in the pending queue
+  bool owner_asked = false;  // whether the peer's process was asked about before its posts
+  bool eagain = false;       // efa only (no peer_entry): the op's own progress clock runs
+  bool expired = false;      // failed at the completion deadline; held until its pieces are reaped
+  std::chrono::steady_clock::time_point first_eagain;
+  std::chrono::steady_clock::time_point posted_at;  // its first piece's post
+  std::optional<Error> error;
+};
+
+class OpTable {
+ public:
+  OpTable() = default;
+  OpTable(const OpTable&) = delete;
+  OpTable& operator=(const OpTable&) = delete;
+
+  // A reset Op (its request is the caller's to overwrite).
+  Op* acquire_op();
+  void release_op(Op* op) { free_ops_.push_back(op); }
+  // A zeroed Piece bound to `op`.
+  Piece* acquire_piece(Op* op);
+  void release_piece(Piece* piece) {
+    piece->op = nullptr;
+    free_pieces_.push_back(piece);
+  }
+
+  // One piece is back from the provider (reaped, or its endpoint closed): frees it and updates
+  // the counts. Returns its op if that op is now over (nothing in flight, nothing to post), for
+  // the caller to finish.
+  Op* piece_done(Piece* piece);
+
+  // Every Piece ever made, free or posted (a posted one has op != nullptr).
+  const std::vector<std::unique_ptr<Piece>>& pieces() const noexcept { return pieces_; }
+
+  std::deque<Op*> pending;   // transfers waiting to post, in turn order
+  std::size_t in_flight = 0; // pieces posted and not reaped
+  std::size_t held = 0;      // of those, pieces of expired transfers
+  std::size_t live_in_flight() const noexcept { return in_flight - held; }
+
+ private:
+  std::vector<std::unique_ptr<Op>> ops_;  // every Op ever made; reused through free_ops_
+  std::vector<Op*> free_ops_;
+  std::vector<std::unique_ptr<Piece>> pieces_;
+  std::vector<Piece*> free_pieces_;
+};
+
+}  // namespace dma::internal

@@ -1,0 +1,152 @@
+#include "worker/poster.hpp"
+
+#include <algorithm>
+#include <string>
+
+#include <rdma/fi_rma.h>
+
+namespace dma::internal {
+
+void Poster::post(OpTable& table, bool closed, std::vector<Op*>& ended) {
+  std::deque<Op*>& pending = table.pending;
+  std::size_t turns = pending.size();
+  while (turns-- > 0 && !pending.empty() && table.live_in_flight() < cap_) {
+    Op* op = pending.front();
+    pending.pop_front();
+    op->queued = false;
+    if (closed && op->local_offset == 0 && op->in_flight == 0 && !op->error) {
+      op->error = Error(ErrorCode::kWorkerGone, "fabric worker is gone (service shutting down)");
+      ended.push_back(op);
+      continue;
+    }
+    if (!op->error && op->peer_entry) check_owner(*op);
+    bool stalled = false;
+    while (!op->error && !op->posting_done && table.live_in_flight() < cap_) {
+      const RemoteRegion& region = op->request.regions[op->region];
+      const std::size_t size =
+          std::min({static_cast<std::size_t>(region.length - op->region_offset),
+                    op->length - op->local_offset, max_piece_});
+      Piece* piece = table.acquire_piece(op);
+      const long code = post_piece(*op, *piece, size);
+      if (code == 0) {
+        if (op->local_offset == 0) op->posted_at = clock_.now();
+        ++table.in_flight;
+        ++op->in_flight;
+        op->eagain = false;
+        if (op->peer_entry) {
+          ++op->peer_entry->progress.live_pieces;
+          op->peer_entry->progress.refusing_since.reset();
+        }
+        op->local_offset += size;
+        op->region_offset += size;
+        if (op->region_offset == region.length) {
+          ++op->region;
+          op->region_offset = 0;
+        }
+        op->posting_done = op->local_offset == op->length;
+        continue;
+      }
+      table.release_piece(piece);
+      if (code == -FI_EAGAIN) {
+        counters_.eagain.fetch_add(1, std::memory_order_relaxed);
+        if (past_progress_deadline(*op, clock_.now())) {
+          op->error = Error(ErrorCode::kUnreachable,
+                            "peer unreachable: the provider answered -FI_EAGAIN for " +
+                                std::to_string(progress_deadline_.count()) +
+                                " ms (progress deadline)");
+          break;
+        }
+        stalled = true;
+        break;
+      }
+      op->error = fabric_error(
+          op->request.direction == Direction::kToPeer ? "fi_writemsg" : "fi_read", code);
+    }
+    if (op->error) {
+      if (op->in_flight == 0) ended.push_back(op);
+      // else: the last reaped piece ends it
+      continue;
+    }
+    if (op->posting_done) continue;  // reaping ends it
+    op->queued = true;
+    if (stalled) {
+      // EAGAIN: to the back, so other peers get their turn, and no more posting this pass. The
+      // provider's queue is full (shm) or this peer is not ready (tcp connecting); either way
+      // retrying the rest now only burns calls that fail (measured: thousands per completion
+      // on shm). Reaping comes next and frees room.
+      pending.push_back(op);
+    } else {
+      pending.push_front(op);  // the cap is full: keep its place
+    }
+    break;
+  }
+}
+
+void Poster::check_owner(Op& op) {
+  // shm: a target that died holding its region lock would leave the post spinning forever
+  // (peer_process.hpp); a dead process gets nothing more posted to it. A transfer's first turn
+  // always asks, so nothing submitted after a death could be seen is posted; its retries after
+  // -FI_EAGAIN reuse an answer up to kOwnerRecheck old.
+  const PeerProcess* owner = op.peer_entry->owner();
+  const bool first_turn = !op.owner_asked;
+  op.owner_asked = true;
+  if (owner != nullptr &&
+      (first_turn ? owner->exited() : owner->exited(clock_.now(), kOwnerRecheck))) {
+    op.error = Error(ErrorCode::kUnreachable, "peer unreachable: its process (pid " +
+                                                  std::to_string(owner->pid()) + ") has exited");
+  }
+}
+
+bool Poster::past_progress_deadline(Op& op, WorkerClock::time_point now) {
+  if (!op.peer_entry) {
+    // efa: ops keep no entry (prepare_transfer()), so the clock is the op's own.
+    if (!op.eagain) {
+      op.eagain = true;
+      op.first_eagain = now;
+      return false;
+    }
+    return now - op.first_eagain >= progress_deadline_;
+  }
+  RegisteredAddress::Progress& peer = op.peer_entry->progress;
+  if (peer.live_pieces > 0) {
+    // It has taken posts that are still in flight: reachable, only full for now. A peer that
+    // never completes them is the completion deadline's, which takes them out of this count.
+    peer.refusing_since.reset();
+    return false;
+  }
+  // Refusals must be continuous: after a gap longer than the deadline (no transfer for it, or
+  // its turn long in coming) the earlier ones say nothing about now, and the clock restarts.
+  const bool restart = !peer.refusing_since || now - peer.last_refusal >= progress_deadline_;
+  peer.last_refusal = now;
+  if (restart) {
+    peer.refusing_since = now;
+    return false;
+  }
+  return now - *peer.refusing_since >= progress_deadline_;
+}
+
+long Poster::post_piece(Op& op, Piece& piece, std::size_t size) {
+  const RemoteRegion& region = op.request.regions[op.region];
+  std::byte* local = op.local + op.local_offset;
+  const std::uint64_t remote = region.address + op.region_offset;
+  void* descriptor = op.operand.descriptor;
+  if (op.request.direction == Direction::kToPeer) {
+    iovec iov{local, size};
+    fi_rma_iov rma{remote, size, region.key};
+    fi_msg_rma message{};
+    message.msg_iov = &iov;
+    message.desc = &descriptor;
+    message.iov_count = 1;
+    message.addr = op.peer;
+    message.rma_iov = &rma;
+    message.rma_iov_count = 1;
+    message.context = &piece.context;
+    // Delivery complete: the completion means the bytes are in the peer's memory, so the RPC
+    // reply sent after it cannot overtake them (fi_rma(3), fi_cq(3)).
+    return fi_writemsg(endpoint_.endpoint(), &message, FI_DELIVERY_COMPLETE | FI_COMPLETION);
+  }
+  return fi_read(endpoint_.endpoint(), local, size, descriptor, op.peer, remote, region.key,
+                 &piece.context);
+}
+
+}  // namespace dma::internal

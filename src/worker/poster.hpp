@@ -1,0 +1,69 @@
+// Private: posting transfers' pieces to the provider, and what -FI_EAGAIN means.
+//
+// fi_writemsg and fi_read answer -FI_EAGAIN when the provider cannot take the operation now
+// (fi_rma(3)): shm's queue is full, or a tcp/net connection is still being set up. Two failures
+// follow from handling that naively. Retrying at once burns thousands of calls per completion
+// (measured on shm), so an op answered -FI_EAGAIN goes to the back of the queue and posting
+// stops for this pass; reaping comes next and frees room. And a peer that never accepts a
+// connection would leave its transfers queued forever, so past the progress deadline of
+// continuous refusals the op fails as unreachable. That clock is the *peer's* (its
+// RegisteredAddress::Progress), not the op's: an op sent to the back of a deep queue otherwise
+// failed at its next turn though the peer had taken posts all along. On efa, where ops hold no
+// entry, the clock is the op's own. Before an op's first post to an shm peer, the peer's process
+// is asked whether it has exited (peer_process.hpp: a post to a dead one can spin forever).
+//
+// Ownership: owned by the Worker; borrows the endpoint and counters. Thread-safety: the worker
+// thread only.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <vector>
+
+#include "fabric/endpoint.hpp"
+#include "worker/clock.hpp"
+#include "worker/op_table.hpp"
+#include "worker/service_shared.hpp"
+
+namespace dma::internal {
+
+// How old an answer to "has the shm peer's process exited?" may be when an operation retries
+// after -FI_EAGAIN (a new operation always asks afresh; peer_process.hpp).
+inline constexpr std::chrono::milliseconds kOwnerRecheck{1};
+
+class Poster {
+ public:
+  Poster(const Endpoint& endpoint, std::size_t cap, std::size_t max_piece,
+         std::chrono::milliseconds progress_deadline, WorkerClock clock, AtomicCounters& counters)
+      : endpoint_(endpoint),
+        cap_(cap),
+        max_piece_(max_piece),
+        progress_deadline_(progress_deadline),
+        clock_(clock),
+        counters_(counters) {}
+
+  // Posts pieces of the queued transfers while fewer than the cap are live in flight, each
+  // transfer getting one turn. A transfer that has failed with nothing of it in flight (or that
+  // was never posted when `closed`, which fails it as kWorkerGone) is appended to `ended`, with
+  // its error set, for the caller to finish.
+  void post(OpTable& table, bool closed, std::vector<Op*>& ended);
+
+  std::size_t cap() const noexcept { return cap_; }
+
+ private:
+  // Whether `op`'s peer has refused every post for the progress deadline (called on -FI_EAGAIN).
+  bool past_progress_deadline(Op& op, WorkerClock::time_point now);
+  // 0, -FI_EAGAIN, or another negative libfabric error.
+  long post_piece(Op& op, Piece& piece, std::size_t size);
+  // Whether `op`'s shm peer process has exited; sets op's error if so.
+  void check_owner(Op& op);
+
+  const Endpoint& endpoint_;
+  std::size_t cap_;
+  std::size_t max_piece_;
+  std::chrono::milliseconds progress_deadline_;
+  WorkerClock clock_;
+  AtomicCounters& counters_;
+};
+
+}  // namespace dma::internal

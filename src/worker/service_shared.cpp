@@ -1,0 +1,18 @@
+#include "worker/service_shared.hpp"
+
+namespace dma::internal {
+
+ServiceCounters AtomicCounters::snapshot() const {
+  ServiceCounters out;
+  out.submitted = submitted.load(std::memory_order_relaxed);
+  out.completed = completed.load(std::memory_order_relaxed);
+  out.failed = failed.load(std::memory_order_relaxed);
+  out.bytes_to_peer = bytes_to_peer.load(std::memory_order_relaxed);
+  out.bytes_from_peer = bytes_from_peer.load(std::memory_order_relaxed);
+  out.eagain = eagain.load(std::memory_order_relaxed);
+  out.expired = expired.load(std::memory_order_relaxed);
+  out.unattributed_errors = unattributed_errors.load(std::memory_order_relaxed);
+  return out;
+}
+
+}  // namespace dma::internal
