@@ -1,11 +1,13 @@
 #include <condition_variable>
 #include <cstdio>
 #include <mutex>
+#include <system_error>
 #include <thread>
 
 #include "dma/service.hpp"
 #include "fabric/endpoint.hpp"
 #include "worker/one_shot.hpp"
+#include "worker/service_shared.hpp"
 #include "worker/worker.hpp"
 
 namespace dma {
@@ -64,9 +66,7 @@ Result<std::unique_ptr<FabricService>> FabricService::start(const Configuration&
                                                             std::shared_ptr<Pool> pool,
                                                             const std::string& domain) {
   if (!pool) {
-    Result<std::shared_ptr<Pool>> created = Pool::create(configuration.crc_threads);
-    if (!created) return fail(std::move(created).error());
-    pool = std::move(*created);
+    DMA_TRY_ASSIGN(pool, Pool::create(configuration.crc_threads));
   }
   auto impl = std::make_unique<Impl>();
   impl->shared = std::make_shared<ServiceShared>();
@@ -75,19 +75,26 @@ Result<std::unique_ptr<FabricService>> FabricService::start(const Configuration&
 
   auto [ready, waiting] = internal::one_shot<Result<Opened>>();
   const unsigned index = next_worker_index.fetch_add(1, std::memory_order_relaxed);
-  impl->thread = std::thread([configuration, domain, shared = impl->shared, index,
-                              ready = std::move(ready)]() mutable {
-    char name[16];
-    std::snprintf(name, sizeof(name), "fabric-%02u", index % 100);
-    pthread_setname_np(pthread_self(), name);
-    Result<std::unique_ptr<Worker>> worker = Worker::open(configuration, domain, shared);
-    if (!worker) {
-      ready.send(fail(std::move(worker).error()));
-      return;
-    }
-    ready.send(Opened{(*worker)->endpoint().local_address(), (*worker)->endpoint().describe()});
-    (*worker)->run();
-  });
+  try {
+    impl->thread = std::thread([configuration, domain, shared = impl->shared, index,
+                                ready = std::move(ready)]() mutable {
+      char name[16];
+      std::snprintf(name, sizeof(name), "fabric-%02u", index % 100);
+      pthread_setname_np(pthread_self(), name);
+      Result<std::unique_ptr<Worker>> worker = Worker::open(configuration, domain, shared);
+      if (!worker) {
+        ready.send(fail(std::move(worker).error()));
+        return;
+      }
+      ready.send(Opened{(*worker)->endpoint().local_address(), (*worker)->endpoint().describe()});
+      (*worker)->run();
+    });
+  } catch (const std::system_error& error) {
+    // std::thread reports a failed pthread_create (EAGAIN: the thread limit) by throwing;
+    // nothing throws across this API. The lambda (and `ready` with it) is gone unrun.
+    return fail(ErrorCode::kResourceExhausted,
+                std::string("cannot start the fabric worker thread: ") + error.what());
+  }
   impl->worker_id = impl->thread.get_id();
   std::optional<Result<Opened>> opened = waiting.wait();
   if (!opened || !*opened) {
@@ -132,12 +139,11 @@ Status FabricService::submit(TransferRequest&& request) {
 }
 
 Status FabricService::add_peer(std::uint64_t client_id, std::span<const std::uint8_t> address) {
-  if (Status ok = impl_->refuse_reentry(); !ok) return ok;
-  Result<FabricAddress> inline_address = FabricAddress::from(address);
-  if (!inline_address) return fail(std::move(inline_address).error());
+  DMA_TRY(impl_->refuse_reentry());
+  DMA_TRY_ASSIGN(const FabricAddress inline_address, FabricAddress::from(address));
   auto [answer, waiting] = internal::one_shot<Status>();
   if (!impl_->shared->channel.push(
-          internal::AddPeerMessage{client_id, *inline_address, std::move(answer)})) {
+          internal::AddPeerMessage{client_id, inline_address, std::move(answer)})) {
     return fail(ErrorCode::kWorkerGone, "fabric worker is gone");
   }
   std::optional<Status> added = waiting.wait();
@@ -154,7 +160,7 @@ Status FabricService::pin(std::uintptr_t base, std::size_t length) {
   if (base + length < base) {
     return fail(ErrorCode::kInvalidArgument, "registered range overflows the address space");
   }
-  if (Status ok = impl_->refuse_reentry(); !ok) return ok;
+  DMA_TRY(impl_->refuse_reentry());
   auto [answer, waiting] = internal::one_shot<Status>();
   if (!impl_->shared->channel.push(internal::RegisterMessage{base, length, std::move(answer)})) {
     return fail(ErrorCode::kWorkerGone, "fabric worker is gone");

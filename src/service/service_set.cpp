@@ -7,25 +7,22 @@ Result<std::unique_ptr<ServiceSet>> ServiceSet::start(const Configuration& confi
                                                       BatchCompleter complete_batch,
                                                       std::size_t per_domain) {
   if (per_domain == 0) return fail(ErrorCode::kInvalidArgument, "per_domain must be at least 1");
-  Result<std::vector<DomainChoice>> domains = discover_domains(configuration);
-  if (!domains) return fail(std::move(domains).error());
-  Result<std::shared_ptr<Pool>> pool = Pool::create(configuration.crc_threads);
-  if (!pool) return fail(std::move(pool).error());
+  DMA_TRY_ASSIGN(const std::vector<DomainChoice> domains, discover_domains(configuration));
+  DMA_TRY_ASSIGN(std::shared_ptr<Pool> pool, Pool::create(configuration.crc_threads));
   // Every domain of the first provider that offers any (preference order).
-  const std::string provider = domains->front().provider;
+  const std::string provider = domains.front().provider;
   Configuration chosen = configuration;
   chosen.providers = {provider};
   std::vector<std::unique_ptr<FabricService>> services;
-  for (const DomainChoice& choice : *domains) {
+  for (const DomainChoice& choice : domains) {
     if (choice.provider != provider) continue;
     for (std::size_t copy = 0; copy < per_domain; ++copy) {
-      Result<std::unique_ptr<FabricService>> service =
-          FabricService::start(chosen, complete_batch, *pool, choice.domain);
-      if (!service) return fail(std::move(service).error());
-      services.push_back(std::move(*service));
+      DMA_TRY_ASSIGN(std::unique_ptr<FabricService> service,
+                     FabricService::start(chosen, complete_batch, pool, choice.domain));
+      services.push_back(std::move(service));
     }
   }
-  return from(std::move(services), std::move(*pool));
+  return from(std::move(services), std::move(pool));
 }
 
 std::unique_ptr<ServiceSet> ServiceSet::from(std::vector<std::unique_ptr<FabricService>> services,
