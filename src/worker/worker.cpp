@@ -24,21 +24,22 @@ std::size_t max_piece_of(const Endpoint& endpoint, const Configuration& configur
 Result<std::unique_ptr<Worker>> Worker::open(const Configuration& configuration,
                                              const std::string& domain,
                                              std::shared_ptr<ServiceShared> shared,
-                                             WorkerClock clock) {
+                                             WorkerOptions options) {
   DMA_TRY_ASSIGN(std::unique_ptr<Endpoint> endpoint,
                  Endpoint::open(configuration, Role::kInitiator, domain));
   return std::unique_ptr<Worker>(
-      new Worker(std::move(endpoint), configuration, std::move(shared), clock));
+      new Worker(std::move(endpoint), configuration, std::move(shared), options));
 }
 
 Worker::Worker(std::unique_ptr<Endpoint> endpoint, const Configuration& configuration,
-               std::shared_ptr<ServiceShared> shared, WorkerClock clock)
+               std::shared_ptr<ServiceShared> shared, WorkerOptions options)
     : endpoint_(std::move(endpoint)),
       shared_(std::move(shared)),
+      held_poll_interval_(options.held_poll_interval),
       poster_(*endpoint_, cap_of(*endpoint_), max_piece_of(*endpoint_, configuration),
-              configuration.progress_deadline, clock, shared_->counters),
+              configuration.progress_deadline, options.clock, shared_->counters),
       reaper_(*endpoint_, shared_->counters),
-      expiry_(configuration.completion_deadline, clock, shared_->counters),
+      expiry_(configuration.completion_deadline, options.clock, shared_->counters),
       delivery_(*shared_) {
   const bool register_operands =
       endpoint_->local_registration_required() || configuration.always_register_operands;

@@ -46,12 +46,17 @@ namespace dma::internal {
 // How often a worker whose only operations in flight have expired wakes to reap them.
 inline constexpr std::chrono::milliseconds kHeldPollInterval{20};
 
+struct WorkerOptions {
+  WorkerClock clock;  // the real steady clock unless a test gives a ManualClock
+  std::chrono::milliseconds held_poll_interval = kHeldPollInterval;
+};
+
 class Worker {
  public:
   static Result<std::unique_ptr<Worker>> open(const Configuration& configuration,
                                               const std::string& domain,
                                               std::shared_ptr<ServiceShared> shared,
-                                              WorkerClock clock = {});
+                                              WorkerOptions options = {});
   ~Worker();
   Worker(const Worker&) = delete;
   Worker& operator=(const Worker&) = delete;
@@ -79,12 +84,12 @@ class Worker {
   // until a message comes).
   bool idle() const noexcept { return table_.pending.empty() && table_.live_in_flight() == 0; }
   std::chrono::milliseconds park_timeout() const noexcept {
-    return table_.held > 0 ? kHeldPollInterval : std::chrono::milliseconds(0);
+    return table_.held > 0 ? held_poll_interval_ : std::chrono::milliseconds(0);
   }
 
  private:
   Worker(std::unique_ptr<Endpoint> endpoint, const Configuration& configuration,
-         std::shared_ptr<ServiceShared> shared, WorkerClock clock);
+         std::shared_ptr<ServiceShared> shared, WorkerOptions options);
   // Step 1: everything queued on the channel (blocking while `park`).
   void take_messages(bool park);
   void intake(Message& message);
@@ -104,6 +109,7 @@ class Worker {
   std::unique_ptr<PeerAddresses> peers_;
   std::shared_ptr<ServiceShared> shared_;
   bool efa_addresses_ = false;
+  std::chrono::milliseconds held_poll_interval_;
   Poster poster_;
   Reaper reaper_;
   Expiry expiry_;
