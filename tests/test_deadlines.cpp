@@ -233,31 +233,9 @@ TEST(CompletionDeadline, a_transfer_handle_reports_the_expiry_and_returns_its_co
   EXPECT_EQ(pattern(4096, 5), testing::buffer_of(context)->bytes);
 }
 
-TEST(CompletionDeadline, a_service_holding_only_expired_transfers_parks_instead_of_spinning) {
-  // If this fails, one stuck transfer costs a whole core until shutdown.
-  Configuration configuration = loopback("shm");
-  configuration.completion_deadline = std::chrono::milliseconds(100);
-  Collector collector;
-  auto service = start_service(configuration, collector);
-  ASSERT_TRUE(service);
-  auto target = Target::open(configuration);
-  ASSERT_TRUE(target) << target.error().describe();
-  std::vector<std::byte> memory(8192);
-  auto exposed = (*target)->expose(memory.data(), 64);
-  ASSERT_TRUE(exposed) << exposed.error().describe();
-  ExpiryLog log;
-  ASSERT_TRUE(service->submit(never_completing_write(
-      **target, *exposed, 1, std::make_unique<WatchedBuffer>(pattern(4096, 6), log))));
-  ASSERT_TRUE(log.wait_for_count(1));
-  // The worker thread's CPU over a second: a spinning worker burns tens of clock ticks even on
-  // a loaded machine; a parked one waking every 20 ms to reap burns next to none.
-  const long before = testing::thread_cpu_ticks("fabric-");
-  ASSERT_GE(before, 0) << "no fabric- worker thread found";
-  std::this_thread::sleep_for(std::chrono::seconds(1));  // the interval measured, not a sync
-  const long after = testing::thread_cpu_ticks("fabric-");
-  EXPECT_LE(after - before, 5) << "the worker used " << (after - before)
-                               << " clock ticks of CPU in one second holding an expired write";
-}
+// That a worker holding only expired transfers parks (waking every kHeldPollInterval to reap
+// them) instead of spinning is SteppedWorker.a_worker_holding_only_expired_transfers_parks_and_
+// wakes_to_reap_them: counted parks on a stepped worker, not CPU ticks over a slept second.
 
 // ---- a target process killed mid-transfer -----------------------------------------------
 

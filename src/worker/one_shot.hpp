@@ -7,6 +7,7 @@
 
 #include <chrono>
 #include <condition_variable>
+#include <cstddef>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -29,8 +30,15 @@ class OneShotState {
   // nullopt: the sender went away without answering.
   std::optional<T> wait() {
     std::unique_lock lock(mutex_);
+    ++blocked_;
     ready_.wait(lock, [&] { return done_; });
+    --blocked_;
     return std::move(value_);
+  }
+  // How many threads are inside wait(), for a test that must answer a waiter already blocked.
+  std::size_t blocked() {
+    std::lock_guard lock(mutex_);
+    return blocked_;
   }
   // nullopt if the sender went away or `timeout` passed; `timed_out` tells which.
   std::optional<T> wait_for(std::chrono::milliseconds timeout, bool& timed_out) {
@@ -45,6 +53,7 @@ class OneShotState {
   std::condition_variable ready_;
   std::optional<T> value_;
   bool done_ = false;
+  std::size_t blocked_ = 0;
 };
 
 // The sending half. Move-only; sends nothing (waking the waiter empty-handed) if destroyed
@@ -86,6 +95,8 @@ class Waiter {
   std::optional<T> wait_for(std::chrono::milliseconds timeout, bool& timed_out) {
     return state_->wait_for(timeout, timed_out);
   }
+  // Whether a thread is blocked in wait() (tests).
+  bool blocked() const { return state_->blocked() != 0; }
 
  private:
   std::shared_ptr<OneShotState<T>> state_;
