@@ -77,22 +77,23 @@ std::shared_ptr<Pool> make_pool(std::size_t threads) {
   return std::move(*pool);
 }
 
-TEST(Pool, ZeroThreadsIsAnError) {
-  // Breaks: a pool that can never run a job is handed out, and every checksum hangs.
+TEST(Pool, a_pool_of_zero_threads_is_refused) {
+  // If this fails, a pool that can never run a job is handed out, and every checksum hangs.
   auto pool = Pool::create(0);
   ASSERT_FALSE(pool);
   EXPECT_EQ(pool.error().code(), ErrorCode::kInvalidArgument);
 }
 
-TEST(Pool, ReportsItsThreadCount) {
-  // Breaks: callers sizing their batches by the pool see the wrong width.
+TEST(Pool, reports_the_thread_count_it_was_made_with) {
+  // If this fails, callers sizing their batches by the pool see the wrong width.
   auto pool = make_pool(3);
   ASSERT_TRUE(pool);
   EXPECT_EQ(pool->threads(), 3u);
 }
 
-TEST(Pool, EveryPostedJobRuns) {
-  // Breaks: a completed transfer's checksum is never computed and its caller never answered.
+TEST(Pool, every_posted_job_runs) {
+  // If this fails, a completed transfer's checksum is never computed and its caller never
+  // answered.
   Counter done;
   auto pool = make_pool(4);
   ASSERT_TRUE(pool);
@@ -103,8 +104,9 @@ TEST(Pool, EveryPostedJobRuns) {
   EXPECT_EQ(done.count(), kJobs);
 }
 
-TEST(Pool, TheDestructorRunsJobsStillQueued) {
-  // Breaks: shutting a service down drops queued checksums, leaving their callers unanswered.
+TEST(Pool, the_destructor_runs_the_jobs_still_queued) {
+  // If this fails, shutting a service down drops queued checksums, leaving their callers
+  // unanswered.
   Gate gate;
   Counter done;
   auto pool = make_pool(1);
@@ -121,8 +123,8 @@ TEST(Pool, TheDestructorRunsJobsStillQueued) {
   EXPECT_EQ(done.count(), kQueued + 1);
 }
 
-TEST(Pool, JobsPostedFromSeveralThreadsAllRun) {
-  // Breaks: concurrent posts from several workers lose or duplicate jobs.
+TEST(Pool, jobs_posted_from_several_threads_all_run_once) {
+  // If this fails, concurrent posts from several workers lose or duplicate jobs.
   Counter done;
   auto pool = make_pool(3);
   ASSERT_TRUE(pool);
@@ -140,8 +142,8 @@ TEST(Pool, JobsPostedFromSeveralThreadsAllRun) {
   EXPECT_EQ(done.count(), kPosters * kJobsEach);
 }
 
-TEST(Pool, JobsRunConcurrentlyOnSeparateThreads) {
-  // Breaks: a pool of N threads runs one job at a time, and CRC throughput does not scale.
+TEST(Pool, jobs_run_concurrently_on_separate_threads) {
+  // If this fails, a pool of N threads runs one job at a time, and CRC throughput does not scale.
   Gate first_started;
   Gate second_ran;
   Counter done;
@@ -161,8 +163,8 @@ TEST(Pool, JobsRunConcurrentlyOnSeparateThreads) {
   EXPECT_TRUE(done.wait_for(2));
 }
 
-TEST(Pool, ThreadsAreNamedForDiagnostics) {
-  // Breaks: pool threads cannot be told apart from the fabric worker in top, gdb or perf.
+TEST(Pool, its_threads_are_named_for_diagnostics) {
+  // If this fails, pool threads cannot be told apart from the fabric worker in top, gdb or perf.
   std::mutex mutex;
   std::set<std::string> names;
   Counter done;
@@ -188,8 +190,8 @@ TEST(Pool, ThreadsAreNamedForDiagnostics) {
   EXPECT_EQ(names, (std::set<std::string>{"dma-crc-00", "dma-crc-01"}));
 }
 
-TEST(Pool, JobsDoNotRunOnThePostingThread) {
-  // Breaks: the fabric worker computes checksums itself and stalls its event loop.
+TEST(Pool, jobs_never_run_on_the_posting_thread) {
+  // If this fails, the fabric worker computes checksums itself and stalls its event loop.
   const std::thread::id poster = std::this_thread::get_id();
   std::thread::id runner;
   Counter done;
@@ -204,8 +206,9 @@ TEST(Pool, JobsDoNotRunOnThePostingThread) {
   EXPECT_NE(runner, poster);
 }
 
-TEST(Pool, AnEmptyJobIsIgnored) {
-  // Breaks: posting an empty std::function throws bad_function_call on a pool thread and aborts.
+TEST(Pool, an_empty_job_is_ignored_rather_than_aborting_a_pool_thread) {
+  // If this fails, posting an empty std::function throws bad_function_call on a pool thread
+  // and aborts.
   Counter done;
   auto pool = make_pool(1);
   ASSERT_TRUE(pool);
