@@ -73,8 +73,13 @@ bool checksum_flush_due(std::size_t batched, bool queue_dry, bool parking) noexc
 Result<std::unique_ptr<Worker>> Worker::open(const Configuration& configuration,
                                              const std::string& domain,
                                              std::shared_ptr<ServiceShared> shared) {
-  Result<std::unique_ptr<Endpoint>> endpoint =
-      Endpoint::open(configuration, Role::kInitiator, domain);
+  // Runs on the worker thread, which owns the domain: registrations whose last lease drops on
+  // another thread are queued for it and wake it.
+  std::weak_ptr<ServiceShared> weak = shared;
+  Result<std::unique_ptr<Endpoint>> endpoint = Endpoint::open(
+      configuration, Role::kInitiator, domain, DomainOwner::calling_thread([weak] {
+        if (auto alive = weak.lock()) alive->channel.wake();
+      }));
   if (!endpoint) return fail(std::move(endpoint).error());
   return std::unique_ptr<Worker>(
       new Worker(std::move(*endpoint), configuration, std::move(shared)));
@@ -94,11 +99,6 @@ Worker::Worker(std::unique_ptr<Endpoint> endpoint, const Configuration& configur
   max_piece_ = endpoint_->describe().max_msg_size == 0 ? (std::size_t{1} << 30)
                                                        : endpoint_->describe().max_msg_size;
   if (configuration.max_piece_bytes != 0) max_piece_ = std::min(max_piece_, configuration.max_piece_bytes);
-  // Registrations whose last lease drops on another thread are closed here, on the owner.
-  std::weak_ptr<ServiceShared> weak = shared_;
-  endpoint_->deferred_closes()->set_owner(std::this_thread::get_id(), [weak] {
-    if (auto alive = weak.lock()) alive->channel.wake();
-  });
   batch_.reserve(64);
   checksum_batch_.reserve(kChecksumBatch);
   inbox_.reserve(64);
