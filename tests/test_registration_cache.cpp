@@ -306,6 +306,23 @@ TEST(RegistrationCache, ALeaseDroppedOffTheOwnerThreadIsClosedByTheOwner) {
   EXPECT_FALSE(key_is_held(*endpoint, key)) << "draining must close what was queued";
 }
 
+TEST(RegistrationCache, WithoutAnOwnerThreadALeaseClosesWhereItDrops) {
+  // Breaks: a Target's regions (its domain has no owner thread; every caller holds the target's
+  // lock) are queued for an owner that never drains, so an unexposed buffer stays registered
+  // and reachable by its old key until the target closes.
+  auto endpoint = open_tcp(DomainOwner::any_thread());
+  ASSERT_TRUE(endpoint);
+  std::vector<std::uint8_t> memory(8192);
+  Lease lease = register_bytes(*endpoint, memory);
+  ASSERT_TRUE(lease);
+  const std::uint64_t key = lease->key();
+
+  std::thread([dropped = std::move(lease)]() mutable { dropped.reset(); }).join();
+
+  EXPECT_FALSE(endpoint->deferred_closes()->pending()) << "nothing may be queued";
+  EXPECT_FALSE(key_is_held(*endpoint, key)) << "the dropping thread must have closed it";
+}
+
 TEST(RegistrationCache, DescriptorsStayValidWhileReclaimsRunUnderneath) {
   // Breaks: the race the hardware hit. Threads resolve operands out of the cache and read their
   // descriptors while the owner reclaims the same extents underneath them; under the old registry
