@@ -29,12 +29,6 @@ ProviderName resolve(const std::string& configured) {
   return {canonical_provider(configured), {}};
 }
 
-// A libfabric return code as a Status naming the call.
-Status check(int code, std::string_view call) {
-  if (code != 0) return fail(fabric_error(call, code));
-  return {};
-}
-
 }  // namespace
 
 Result<InfoPtr> query_provider(const Configuration& configuration, const std::string& provider,
@@ -118,7 +112,7 @@ Result<FidPtr<fid_eq>> open_progress_event_queue(fid_fabric* fabric, const fi_in
   fi_eq_attr eq_attr{};
   eq_attr.wait_obj = FI_WAIT_POLLFD;
   fid_eq* event_queue = nullptr;
-  DMA_TRY(check(fi_eq_open(fabric, &eq_attr, &event_queue, nullptr), "fi_eq_open"));
+  DMA_TRY(fabric_status(fi_eq_open(fabric, &eq_attr, &event_queue, nullptr), "fi_eq_open"));
   return FidPtr<fid_eq>(event_queue);
 }
 
@@ -160,19 +154,19 @@ Result<std::unique_ptr<Endpoint>> Endpoint::open_on(const fi_info& chosen,
   fi_info* info = endpoint->info_.get();
 
   fid_fabric* fabric = nullptr;
-  DMA_TRY(check(fi_fabric(info->fabric_attr, &fabric, nullptr), "fi_fabric"));
+  DMA_TRY(fabric_status(fi_fabric(info->fabric_attr, &fabric, nullptr), "fi_fabric"));
   endpoint->fabric_.reset(fabric);
   DMA_TRY_ASSIGN(endpoint->event_queue_, open_progress_event_queue(fabric, *info));
 
   fid_domain* opened_domain = nullptr;
-  DMA_TRY(check(fi_domain(fabric, info, &opened_domain, nullptr), "fi_domain"));
+  DMA_TRY(fabric_status(fi_domain(fabric, info, &opened_domain, nullptr), "fi_domain"));
   endpoint->domain_.reset(opened_domain);
   endpoint->closes_ = std::make_shared<DeferredCloses>(std::move(owner));
 
   fi_av_attr av_attr{};
   av_attr.type = FI_AV_TABLE;
   fid_av* av = nullptr;
-  DMA_TRY(check(fi_av_open(opened_domain, &av_attr, &av, nullptr), "fi_av_open"));
+  DMA_TRY(fabric_status(fi_av_open(opened_domain, &av_attr, &av, nullptr), "fi_av_open"));
   endpoint->address_vector_.reset(av);
 
   fi_cq_attr cq_attr{};
@@ -180,21 +174,21 @@ Result<std::unique_ptr<Endpoint>> Endpoint::open_on(const fi_info& chosen,
   cq_attr.wait_obj = FI_WAIT_NONE;
   cq_attr.size = std::max<std::size_t>(info->tx_attr->size, 64) + info->rx_attr->size;
   fid_cq* cq = nullptr;
-  DMA_TRY(check(fi_cq_open(opened_domain, &cq_attr, &cq, nullptr), "fi_cq_open"));
+  DMA_TRY(fabric_status(fi_cq_open(opened_domain, &cq_attr, &cq, nullptr), "fi_cq_open"));
   endpoint->completion_queue_.reset(cq);
 
   name_shm_region(*info);
   fid_ep* ep = nullptr;
-  DMA_TRY(check(fi_endpoint(opened_domain, info, &ep, nullptr), "fi_endpoint"));
+  DMA_TRY(fabric_status(fi_endpoint(opened_domain, info, &ep, nullptr), "fi_endpoint"));
   endpoint->endpoint_.reset(ep);
-  DMA_TRY(check(fi_ep_bind(ep, &av->fid, 0), "fi_ep_bind(av)"));
-  DMA_TRY(check(fi_ep_bind(ep, &cq->fid, FI_TRANSMIT | FI_RECV), "fi_ep_bind(cq)"));
-  DMA_TRY(check(fi_enable(ep), "fi_enable"));
+  DMA_TRY(fabric_status(fi_ep_bind(ep, &av->fid, 0), "fi_ep_bind(av)"));
+  DMA_TRY(fabric_status(fi_ep_bind(ep, &cq->fid, FI_TRANSMIT | FI_RECV), "fi_ep_bind(cq)"));
+  DMA_TRY(fabric_status(fi_enable(ep), "fi_enable"));
 
   std::size_t length = 0;
   fi_getname(&ep->fid, nullptr, &length);
   endpoint->address_.resize(length);
-  DMA_TRY(check(fi_getname(&ep->fid, endpoint->address_.data(), &length), "fi_getname"));
+  DMA_TRY(fabric_status(fi_getname(&ep->fid, endpoint->address_.data(), &length), "fi_getname"));
   endpoint->address_.resize(length);
 
   EndpointDescription& description = endpoint->description_;
