@@ -110,7 +110,8 @@ bool offers(const std::string& provider, const fi_info& info);
 Result<const fi_info*> choose(const fi_info* list, const std::string& provider,
                               const Configuration& configuration, const std::string& domain);
 
-// Quirks applied between fi_fabric and fi_enable, in this order (docs/PROVIDERS.md):
+// Quirks applied between fi_fabric and fi_enable, in this order (docs/PROVIDERS.md, "Opening an
+// endpoint"):
 // net (xnet) starts its progress thread only once the fabric has an event queue waiting on
 // FI_WAIT_POLLFD; for other providers this opens nothing and returns an empty FidPtr.
 Result<FidPtr<fid_eq>> open_progress_event_queue(fid_fabric* fabric, const fi_info& info);
