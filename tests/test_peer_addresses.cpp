@@ -56,17 +56,21 @@ std::unique_ptr<TcpPeers> tcp_peers(AddressFormat format = AddressFormat::kOpaqu
       new TcpPeers{std::move(endpoint), PeerAddresses(address_vector, format)});
 }
 
+// The entry `client` posts against after advertising `address`, or a test failure (and null).
+std::shared_ptr<RegisteredAddress> held(PeerAddresses& peers, std::uint64_t client,
+                                        std::span<const std::uint8_t> address) {
+  auto entry = peers.handle(client, address);
+  if (!entry) {
+    ADD_FAILURE() << "client " << client << ": " << entry.error().describe();
+    return nullptr;
+  }
+  return std::move(*entry);
+}
+
 // Clients 1 and 2 both advertise `address`: where the refcount tests start. False (with a test
 // failure) if either is refused.
 bool both_clients_on(PeerAddresses& peers, std::span<const std::uint8_t> address) {
-  for (const std::uint64_t client : {1u, 2u}) {
-    auto entry = peers.handle(client, address);
-    if (!entry) {
-      ADD_FAILURE() << "client " << client << ": " << entry.error().describe();
-      return false;
-    }
-  }
-  return true;
+  return held(peers, 1, address) && held(peers, 2, address);
 }
 
 // An efa_ep_addr: GID (16 bytes), QPN (u16) at 16, pad, QKEY (u32) at 20, and 8 more bytes.
@@ -113,13 +117,13 @@ TEST(PeerAddresses, ClientsSharingAnAddressShareOneEntry) {
   const Bytes& address = tcp->address();
   PeerAddresses& peers = tcp->peers;
 
-  auto first = peers.handle(1, address);
-  ASSERT_TRUE(first) << first.error().describe();
-  auto second = peers.handle(2, address);
-  ASSERT_TRUE(second) << second.error().describe();
+  const auto first = held(peers, 1, address);
+  ASSERT_TRUE(first);
+  const auto second = held(peers, 2, address);
+  ASSERT_TRUE(second);
 
-  EXPECT_EQ(first->get(), second->get()) << "one address, one entry";
-  EXPECT_EQ((*first)->handle(), (*second)->handle()) << "both clients post at one fi_addr_t";
+  EXPECT_EQ(first.get(), second.get()) << "one address, one entry";
+  EXPECT_EQ(first->handle(), second->handle()) << "both clients post at one fi_addr_t";
   EXPECT_EQ(peers.index_size(), 1u);
   EXPECT_EQ(peers.clients(), 2u);
 }
@@ -180,15 +184,15 @@ TEST(PeerAddresses, ReAskingForTheSameAddressHoldsOneReference) {
   ASSERT_TRUE(tcp);
   const Bytes& address = tcp->address();
   PeerAddresses& peers = tcp->peers;
-  auto first = peers.handle(1, address);
-  ASSERT_TRUE(first) << first.error().describe();
-  auto again = peers.handle(1, address);
-  ASSERT_TRUE(again) << again.error().describe();
+  const auto first = held(peers, 1, address);
+  ASSERT_TRUE(first);
+  const auto again = held(peers, 1, address);
+  ASSERT_TRUE(again);
 
-  EXPECT_EQ(first->get(), again->get());
-  EXPECT_EQ(first->use_count(), 3) << "the map's reference plus this test's two";
+  EXPECT_EQ(first.get(), again.get());
+  EXPECT_EQ(first.use_count(), 3) << "the map's reference plus this test's two";
   peers.release(1);
-  EXPECT_EQ(first->use_count(), 2) << "one release is enough";
+  EXPECT_EQ(first.use_count(), 2) << "one release is enough";
 }
 
 TEST(PeerAddresses, AClientMovingToANewAddressLetsGoOfItsOldEntry) {
@@ -301,12 +305,12 @@ TEST(PeerAddresses, EfaAddressesWithDifferentQpnsAreDifferentSlots) {
   ASSERT_TRUE(tcp);
   ASSERT_EQ(tcp->address().size(), kSockaddrInBytes);
   PeerAddresses& peers = tcp->peers;
-  auto first = peers.handle(1, efa_address_over(*tcp->endpoint, 0, 0x9bce1061));
-  ASSERT_TRUE(first) << first.error().describe();
-  auto second = peers.handle(2, efa_address_over(*tcp->endpoint, 1, 0x9bce1061));
-  ASSERT_TRUE(second) << second.error().describe();
+  const auto first = held(peers, 1, efa_address_over(*tcp->endpoint, 0, 0x9bce1061));
+  ASSERT_TRUE(first);
+  const auto second = held(peers, 2, efa_address_over(*tcp->endpoint, 1, 0x9bce1061));
+  ASSERT_TRUE(second);
 
-  EXPECT_NE(first->get(), second->get());
+  EXPECT_NE(first.get(), second.get());
   EXPECT_TRUE(peers.holds(1)) << "a different QPN must not evict";
   EXPECT_TRUE(peers.holds(2));
   EXPECT_EQ(peers.index_size(), 2u);
@@ -355,12 +359,12 @@ TEST(PeerAddresses, OpaqueAddressesCompareEveryByte) {
   auto tcp = tcp_peers();
   ASSERT_TRUE(tcp);
   PeerAddresses& peers = tcp->peers;
-  auto first = peers.handle(1, tcp->address());
-  ASSERT_TRUE(first) << first.error().describe();
-  auto second = peers.handle(2, peer->local_address());
-  ASSERT_TRUE(second) << second.error().describe();
-  EXPECT_NE(first->get(), second->get());
-  EXPECT_NE((*first)->handle(), (*second)->handle());
+  const auto first = held(peers, 1, tcp->address());
+  ASSERT_TRUE(first);
+  const auto second = held(peers, 2, peer->local_address());
+  ASSERT_TRUE(second);
+  EXPECT_NE(first.get(), second.get());
+  EXPECT_NE(first->handle(), second->handle());
 }
 
 TEST(PeerAddresses, AnAddressTheProviderRefusesLeavesNoEntryBehind) {
