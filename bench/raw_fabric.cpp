@@ -14,13 +14,10 @@
 #include "dma/configuration.hpp"
 
 namespace dma::bench {
-namespace {
 
 using Clock = std::chrono::steady_clock;
 using internal::fabric_error;
 using internal::fabric_status;
-
-}  // namespace
 
 Result<std::unique_ptr<RawEndpoint>> RawEndpoint::open(const std::string& configured,
                                                        RawRole role, const std::string& bind) {
