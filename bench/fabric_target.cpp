@@ -175,8 +175,7 @@ int run_raw(const TargetOptions& options, const Buffer& buffer) {
     auto line = lines.next(0);
     if (!line) continue;
     const bool more = serve(*line, buffer, [&](const std::vector<std::uint8_t>& address) -> Status {
-      auto inserted = (*endpoint)->insert(address);
-      if (!inserted) return fail(std::move(inserted).error());
+      DMA_TRY((*endpoint)->insert(address));
       return {};
     });
     if (!more) break;

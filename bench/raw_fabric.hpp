@@ -1,11 +1,13 @@
-// The raw-libfabric baseline of `dma-bench fabric`: an endpoint opened the way src/endpoint.cpp
-// opens ours (same hints, mr_mode, progress and provider quirks, so the comparison is fair) but
-// written against libfabric directly, a plain initiator loop (keep `depth` posted, reap with
-// fi_cq_read in batches, repost), and the target side's buffer registration.
+// The raw-libfabric baseline of `dma-bench fabric`: an endpoint opened the way src/fabric/endpoint.cpp
+// opens ours, with the library's own hints, provider matching and provider quirks
+// (internal::query_provider, choose, open_progress_event_queue, name_shm_region), so the
+// comparison is fair and a quirk is fixed in one place; but the objects are opened, and every
+// operation posted and reaped, with libfabric directly: a plain initiator loop (keep `depth`
+// posted, reap with fi_cq_read in batches, repost), and the target side's buffer registration.
 //
-// Ownership: RawEndpoint owns every fid it opens; member order is teardown order. RawRegion owns
-// one fid_mr and must go before its endpoint. Thread-safety: none (FI_THREAD_DOMAIN); one thread
-// uses an endpoint and its regions.
+// Ownership: RawEndpoint owns every fid it opens, each in the library's FidPtr; member order is
+// teardown order. RawRegion owns one fid_mr and must go before its endpoint. Thread-safety: none
+// (FI_THREAD_DOMAIN); one thread uses an endpoint and its regions.
 #pragma once
 
 #include <rdma/fabric.h>
@@ -23,23 +25,14 @@
 #include <vector>
 
 #include "dma/result.hpp"
+#include "fabric/endpoint.hpp"
+#include "fabric/fid.hpp"
 #include "report.hpp"
 
 namespace dma::bench {
 
-struct RawFidCloser {
-  template <typename T>
-  void operator()(T* object) const noexcept {
-    if (object != nullptr) fi_close(&object->fid);
-  }
-};
-template <typename T>
-using RawFid = std::unique_ptr<T, RawFidCloser>;
-struct RawInfoDeleter {
-  void operator()(fi_info* info) const noexcept { fi_freeinfo(info); }
-};
-
-enum class RawRole : std::uint8_t { kInitiator, kTarget };
+// The library's roles: an initiator posts RMA, a target is RMA'd into.
+using RawRole = internal::Role;
 
 class RawRegion;
 
@@ -65,23 +58,23 @@ class RawEndpoint {
 
  private:
   RawEndpoint() = default;
-  std::unique_ptr<fi_info, RawInfoDeleter> info_;
-  RawFid<fid_fabric> fabric_;
-  RawFid<fid_eq> event_queue_;  // net only: makes xnet start its progress thread
-  RawFid<fid_domain> domain_;
-  RawFid<fid_av> address_vector_;
-  RawFid<fid_cq> completion_queue_;
-  RawFid<fid_ep> endpoint_;
+  internal::InfoPtr info_;
+  internal::FidPtr<fid_fabric> fabric_;
+  internal::FidPtr<fid_eq> event_queue_;  // net only: makes xnet start its progress thread
+  internal::FidPtr<fid_domain> domain_;
+  internal::FidPtr<fid_av> address_vector_;
+  internal::FidPtr<fid_cq> completion_queue_;
+  internal::FidPtr<fid_ep> endpoint_;
   std::vector<std::uint8_t> address_;
 };
 
 class RawRegion {
  public:
-  explicit RawRegion(fid_mr* region) : region_(region) {}
+  explicit RawRegion(internal::FidPtr<fid_mr> region) : region_(std::move(region)) {}
   std::uint64_t key() const noexcept;
 
  private:
-  RawFid<fid_mr> region_;
+  internal::FidPtr<fid_mr> region_;
 };
 
 // One timed window of the raw initiator loop.

@@ -38,6 +38,41 @@ std::unique_ptr<Endpoint> open_tcp() {
   return std::move(*endpoint);
 }
 
+// A real tcp endpoint and the PeerAddresses under test over its address vector, keyed as
+// `format`. The endpoint's own address is one its vector accepts, so it stands in for a client's
+// advertisement. `peers` is declared after `endpoint`, so its entries go before the vector closes.
+struct TcpPeers {
+  std::unique_ptr<Endpoint> endpoint;
+  PeerAddresses peers;
+  const Bytes& address() const { return endpoint->local_address(); }
+};
+
+// A TcpPeers, or a test failure (and null).
+std::unique_ptr<TcpPeers> tcp_peers(AddressFormat format = AddressFormat::kOpaque) {
+  std::unique_ptr<Endpoint> endpoint = open_tcp();
+  if (!endpoint) return nullptr;
+  fid_av* address_vector = endpoint->address_vector();
+  return std::unique_ptr<TcpPeers>(
+      new TcpPeers{std::move(endpoint), PeerAddresses(address_vector, format)});
+}
+
+// The entry `client` posts against after advertising `address`, or a test failure (and null).
+std::shared_ptr<RegisteredAddress> held(PeerAddresses& peers, std::uint64_t client,
+                                        std::span<const std::uint8_t> address) {
+  auto entry = peers.handle(client, address);
+  if (!entry) {
+    ADD_FAILURE() << "client " << client << ": " << entry.error().describe();
+    return nullptr;
+  }
+  return std::move(*entry);
+}
+
+// Clients 1 and 2 both advertise `address`: where the refcount tests start. False (with a test
+// failure) if either is refused.
+bool both_clients_on(PeerAddresses& peers, std::span<const std::uint8_t> address) {
+  return held(peers, 1, address) && held(peers, 2, address);
+}
+
 // An efa_ep_addr: GID (16 bytes), QPN (u16) at 16, pad, QKEY (u32) at 20, and 8 more bytes.
 Bytes efa_address(std::span<const std::uint8_t> gid, std::uint16_t qpn, std::uint32_t qkey) {
   Bytes bytes(kEfaAddressBytes, 0);
@@ -77,18 +112,18 @@ bool same_identity(const Bytes& one, const Bytes& other, AddressFormat format) {
 TEST(PeerAddresses, ClientsSharingAnAddressShareOneEntry) {
   // Breaks: the premise, checked against libfabric rather than assumed — each client advertising
   // one address would get an entry of its own, and the provider would hold duplicates.
-  auto endpoint = open_tcp();
-  ASSERT_TRUE(endpoint);
-  const Bytes& address = endpoint->local_address();
-  PeerAddresses peers(endpoint->address_vector(), AddressFormat::kOpaque);
+  auto tcp = tcp_peers();
+  ASSERT_TRUE(tcp);
+  const Bytes& address = tcp->address();
+  PeerAddresses& peers = tcp->peers;
 
-  auto first = peers.handle(1, address);
-  ASSERT_TRUE(first) << first.error().describe();
-  auto second = peers.handle(2, address);
-  ASSERT_TRUE(second) << second.error().describe();
+  const auto first = held(peers, 1, address);
+  ASSERT_TRUE(first);
+  const auto second = held(peers, 2, address);
+  ASSERT_TRUE(second);
 
-  EXPECT_EQ(first->get(), second->get()) << "one address, one entry";
-  EXPECT_EQ((*first)->handle(), (*second)->handle()) << "both clients post at one fi_addr_t";
+  EXPECT_EQ(first.get(), second.get()) << "one address, one entry";
+  EXPECT_EQ(first->handle(), second->handle()) << "both clients post at one fi_addr_t";
   EXPECT_EQ(peers.index_size(), 1u);
   EXPECT_EQ(peers.clients(), 2u);
 }
@@ -96,87 +131,82 @@ TEST(PeerAddresses, ClientsSharingAnAddressShareOneEntry) {
 TEST(PeerAddresses, OneClientLeavingKeepsAnEntryAnotherStillUses) {
   // Breaks: the crash this exists to prevent — a disconnect removes an entry another client is
   // still posting against.
-  auto endpoint = open_tcp();
-  ASSERT_TRUE(endpoint);
-  const Bytes& address = endpoint->local_address();
-  PeerAddresses peers(endpoint->address_vector(), AddressFormat::kOpaque);
-  auto shared = peers.handle(1, address);
-  ASSERT_TRUE(shared) << shared.error().describe();
-  ASSERT_TRUE(peers.handle(2, address));
+  auto tcp = tcp_peers();
+  ASSERT_TRUE(tcp);
+  PeerAddresses& peers = tcp->peers;
+  ASSERT_TRUE(both_clients_on(peers, tcp->address()));
+  const std::shared_ptr<RegisteredAddress> shared = peers.find(1);
+  ASSERT_TRUE(shared);
 
   peers.release(1);
 
-  EXPECT_EQ(shared->use_count(), 2)
+  EXPECT_EQ(shared.use_count(), 2)
       << "client 2 and this test hold it; the entry must still be in the vector";
-  EXPECT_EQ(peers.find(2), *shared);
+  EXPECT_EQ(peers.find(2), shared);
 }
 
 TEST(PeerAddresses, TheLastClientOutRemovesTheEntry) {
   // Breaks: every client ever seen holds an address-vector entry for the endpoint's whole life.
-  auto endpoint = open_tcp();
-  ASSERT_TRUE(endpoint);
-  const Bytes& address = endpoint->local_address();
-  PeerAddresses peers(endpoint->address_vector(), AddressFormat::kOpaque);
-  ASSERT_TRUE(peers.handle(1, address));
-  ASSERT_TRUE(peers.handle(2, address));
+  auto tcp = tcp_peers();
+  ASSERT_TRUE(tcp);
+  PeerAddresses& peers = tcp->peers;
+  ASSERT_TRUE(both_clients_on(peers, tcp->address()));
 
   peers.release(1);
   peers.release(2);
 
   EXPECT_EQ(peers.clients(), 0u) << "no client holds it";
-  EXPECT_EQ(peers.holders(address), 0)
+  EXPECT_EQ(peers.holders(tcp->address()), 0)
       << "the last release must have dropped the entry, removing it from the vector";
 }
 
 TEST(PeerAddresses, ReleasingAClientTwiceIsHarmless) {
   // Breaks: a repeated disconnect takes a second reference, removing the entry from under the
   // client still using it.
-  auto endpoint = open_tcp();
-  ASSERT_TRUE(endpoint);
-  const Bytes& address = endpoint->local_address();
-  PeerAddresses peers(endpoint->address_vector(), AddressFormat::kOpaque);
-  auto shared = peers.handle(1, address);
-  ASSERT_TRUE(shared) << shared.error().describe();
-  ASSERT_TRUE(peers.handle(2, address));
+  auto tcp = tcp_peers();
+  ASSERT_TRUE(tcp);
+  PeerAddresses& peers = tcp->peers;
+  ASSERT_TRUE(both_clients_on(peers, tcp->address()));
+  const std::shared_ptr<RegisteredAddress> shared = peers.find(1);
+  ASSERT_TRUE(shared);
 
   peers.release(1);
   peers.release(1);
 
-  EXPECT_EQ(shared->use_count(), 2) << "the repeat release must not have taken client 2's entry";
+  EXPECT_EQ(shared.use_count(), 2) << "the repeat release must not have taken client 2's entry";
   EXPECT_TRUE(peers.holds(2));
 }
 
 TEST(PeerAddresses, ReAskingForTheSameAddressHoldsOneReference) {
   // Breaks: a client pins its entry once per transfer it ever ran, so releasing it never removes
   // the entry.
-  auto endpoint = open_tcp();
-  ASSERT_TRUE(endpoint);
-  const Bytes& address = endpoint->local_address();
-  PeerAddresses peers(endpoint->address_vector(), AddressFormat::kOpaque);
-  auto first = peers.handle(1, address);
-  ASSERT_TRUE(first) << first.error().describe();
-  auto again = peers.handle(1, address);
-  ASSERT_TRUE(again) << again.error().describe();
+  auto tcp = tcp_peers();
+  ASSERT_TRUE(tcp);
+  const Bytes& address = tcp->address();
+  PeerAddresses& peers = tcp->peers;
+  const auto first = held(peers, 1, address);
+  ASSERT_TRUE(first);
+  const auto again = held(peers, 1, address);
+  ASSERT_TRUE(again);
 
-  EXPECT_EQ(first->get(), again->get());
-  EXPECT_EQ(first->use_count(), 3) << "the map's reference plus this test's two";
+  EXPECT_EQ(first.get(), again.get());
+  EXPECT_EQ(first.use_count(), 3) << "the map's reference plus this test's two";
   peers.release(1);
-  EXPECT_EQ(first->use_count(), 2) << "one release is enough";
+  EXPECT_EQ(first.use_count(), 2) << "one release is enough";
 }
 
 TEST(PeerAddresses, AClientMovingToANewAddressLetsGoOfItsOldEntry) {
   // Breaks: a client that re-advertises keeps its old entry alive forever, or takes it away from
   // another client still on it.
-  auto endpoint = open_tcp();
-  ASSERT_TRUE(endpoint);
   auto other = open_tcp();
   ASSERT_TRUE(other);
-  const Bytes& old_address = endpoint->local_address();
+  auto tcp = tcp_peers();
+  ASSERT_TRUE(tcp);
+  const Bytes& old_address = tcp->address();
   const Bytes& new_address = other->local_address();
   ASSERT_NE(old_address, new_address);
-  PeerAddresses peers(endpoint->address_vector(), AddressFormat::kOpaque);
-  ASSERT_TRUE(peers.handle(1, old_address));
-  ASSERT_TRUE(peers.handle(2, old_address));
+  PeerAddresses& peers = tcp->peers;
+  ASSERT_TRUE(both_clients_on(peers, old_address));
 
   ASSERT_TRUE(peers.handle(1, new_address));
   EXPECT_EQ(peers.holders(old_address), 1) << "client 2 is still on the old entry";
@@ -211,16 +241,16 @@ TEST(PeerAddresses, DeadIndexEntriesAreSwept) {
 
 TEST(PeerAddresses, InsertingAtTheThresholdSweepsDeadKeys) {
   // Breaks: the sweep exists but nothing runs it, so dead keys still pile up in production.
-  auto endpoint = open_tcp();
-  ASSERT_TRUE(endpoint);
-  PeerAddresses peers(endpoint->address_vector(), AddressFormat::kOpaque);
+  auto tcp = tcp_peers();
+  ASSERT_TRUE(tcp);
+  PeerAddresses& peers = tcp->peers;
   for (std::size_t index = 0; index < kMinimumSweep; ++index) {
     Bytes key(sizeof index);
     std::memcpy(key.data(), &index, sizeof index);
     peers.insert_dead_key(key);
   }
 
-  ASSERT_TRUE(peers.handle(1, endpoint->local_address()));
+  ASSERT_TRUE(peers.handle(1, tcp->address()));
 
   EXPECT_EQ(peers.index_size(), 1u) << "only the live entry should be left in the index";
 }
@@ -228,10 +258,10 @@ TEST(PeerAddresses, InsertingAtTheThresholdSweepsDeadKeys) {
 TEST(PeerAddresses, SweepingKeepsLiveEntries) {
   // Breaks: a sweep drops a held entry's key, so the next client advertising that address inserts
   // a duplicate; or every insert past the threshold rebuilds the map.
-  auto endpoint = open_tcp();
-  ASSERT_TRUE(endpoint);
-  PeerAddresses peers(endpoint->address_vector(), AddressFormat::kOpaque);
-  ASSERT_TRUE(peers.handle(1, endpoint->local_address()));
+  auto tcp = tcp_peers();
+  ASSERT_TRUE(tcp);
+  PeerAddresses& peers = tcp->peers;
+  ASSERT_TRUE(peers.handle(1, tcp->address()));
 
   peers.set_sweep_threshold(0);  // force it
   peers.sweep();
@@ -253,12 +283,12 @@ TEST(PeerAddresses, EfaAddressesDifferingOnlyInQkeyAreOneSlot) {
 
   // And a lookup by either one's identity finds the entry the other made. tcp stands in for the
   // provider (see efa_address_over).
-  auto endpoint = open_tcp();
-  ASSERT_TRUE(endpoint);
-  ASSERT_EQ(endpoint->local_address().size(), kSockaddrInBytes);
-  PeerAddresses peers(endpoint->address_vector(), AddressFormat::kEfa);
-  const Bytes old_over_tcp = efa_address_over(*endpoint, 0, 0x9bce1061);
-  const Bytes new_over_tcp = efa_address_over(*endpoint, 0, 0x961f0203);
+  auto tcp = tcp_peers(AddressFormat::kEfa);
+  ASSERT_TRUE(tcp);
+  ASSERT_EQ(tcp->address().size(), kSockaddrInBytes);
+  PeerAddresses& peers = tcp->peers;
+  const Bytes old_over_tcp = efa_address_over(*tcp->endpoint, 0, 0x9bce1061);
+  const Bytes new_over_tcp = efa_address_over(*tcp->endpoint, 0, 0x961f0203);
   auto entry = peers.handle(1, old_over_tcp);
   ASSERT_TRUE(entry) << entry.error().describe();
   EXPECT_EQ(peers.holders(new_over_tcp), 2) << "the map's reference and this test's";
@@ -271,16 +301,16 @@ TEST(PeerAddresses, EfaAddressesWithDifferentQpnsAreDifferentSlots) {
   const Bytes other = efa_address(1, 0x9bce1061);
   EXPECT_FALSE(same_identity(one, other, AddressFormat::kEfa));
 
-  auto endpoint = open_tcp();
-  ASSERT_TRUE(endpoint);
-  ASSERT_EQ(endpoint->local_address().size(), kSockaddrInBytes);
-  PeerAddresses peers(endpoint->address_vector(), AddressFormat::kEfa);
-  auto first = peers.handle(1, efa_address_over(*endpoint, 0, 0x9bce1061));
-  ASSERT_TRUE(first) << first.error().describe();
-  auto second = peers.handle(2, efa_address_over(*endpoint, 1, 0x9bce1061));
-  ASSERT_TRUE(second) << second.error().describe();
+  auto tcp = tcp_peers(AddressFormat::kEfa);
+  ASSERT_TRUE(tcp);
+  ASSERT_EQ(tcp->address().size(), kSockaddrInBytes);
+  PeerAddresses& peers = tcp->peers;
+  const auto first = held(peers, 1, efa_address_over(*tcp->endpoint, 0, 0x9bce1061));
+  ASSERT_TRUE(first);
+  const auto second = held(peers, 2, efa_address_over(*tcp->endpoint, 1, 0x9bce1061));
+  ASSERT_TRUE(second);
 
-  EXPECT_NE(first->get(), second->get());
+  EXPECT_NE(first.get(), second.get());
   EXPECT_TRUE(peers.holds(1)) << "a different QPN must not evict";
   EXPECT_TRUE(peers.holds(2));
   EXPECT_EQ(peers.index_size(), 2u);
@@ -297,10 +327,10 @@ TEST(PeerAddresses, EfaRejectsAnyLengthButTheProviders) {
 
   // And the refusal happens before the provider sees it: a 16-byte address tcp would have taken
   // leaves nothing behind.
-  auto endpoint = open_tcp();
-  ASSERT_TRUE(endpoint);
-  PeerAddresses peers(endpoint->address_vector(), AddressFormat::kEfa);
-  auto refused = peers.handle(1, endpoint->local_address());
+  auto tcp = tcp_peers(AddressFormat::kEfa);
+  ASSERT_TRUE(tcp);
+  PeerAddresses& peers = tcp->peers;
+  auto refused = peers.handle(1, tcp->address());
   ASSERT_FALSE(refused);
   EXPECT_EQ(refused.error().code(), ErrorCode::kInvalidArgument);
   EXPECT_EQ(peers.clients(), 0u);
@@ -324,17 +354,17 @@ TEST(PeerAddresses, OpaqueAddressesCompareEveryByte) {
   EXPECT_FALSE(same_identity(one, other, AddressFormat::kOpaque));
 
   // Two real tcp endpoints, whose addresses differ only in the port.
-  auto endpoint = open_tcp();
-  ASSERT_TRUE(endpoint);
   auto peer = open_tcp();
   ASSERT_TRUE(peer);
-  PeerAddresses peers(endpoint->address_vector(), AddressFormat::kOpaque);
-  auto first = peers.handle(1, endpoint->local_address());
-  ASSERT_TRUE(first) << first.error().describe();
-  auto second = peers.handle(2, peer->local_address());
-  ASSERT_TRUE(second) << second.error().describe();
-  EXPECT_NE(first->get(), second->get());
-  EXPECT_NE((*first)->handle(), (*second)->handle());
+  auto tcp = tcp_peers();
+  ASSERT_TRUE(tcp);
+  PeerAddresses& peers = tcp->peers;
+  const auto first = held(peers, 1, tcp->address());
+  ASSERT_TRUE(first);
+  const auto second = held(peers, 2, peer->local_address());
+  ASSERT_TRUE(second);
+  EXPECT_NE(first.get(), second.get());
+  EXPECT_NE(first->handle(), second->handle());
 }
 
 TEST(PeerAddresses, AnAddressTheProviderRefusesLeavesNoEntryBehind) {
@@ -345,9 +375,9 @@ TEST(PeerAddresses, AnAddressTheProviderRefusesLeavesNoEntryBehind) {
   // fi_av_insert inserts 0 of 1. Observed with libfabric 1.17 (tcp and net alike): after that
   // refusal the same address vector answers every later insert, valid or not, with -FI_EINVAL
   // ("Address too large for AV"), so this endpoint is not used for anything else.
-  auto endpoint = open_tcp();
-  ASSERT_TRUE(endpoint);
-  PeerAddresses peers(endpoint->address_vector(), AddressFormat::kEfa);
+  auto tcp = tcp_peers(AddressFormat::kEfa);
+  ASSERT_TRUE(tcp);
+  PeerAddresses& peers = tcp->peers;
 
   auto refused = peers.handle(1, efa_address(0, 0x9bce1061));
 
@@ -364,16 +394,15 @@ TEST(PeerAddresses, ARecycledSlotEvictsItsDeadIncarnationAndEveryClientOnIt) {
   //
   // The eviction logic, without an efa device: tcp stands in for the provider (see
   // efa_address_over), with the second incarnation forged by flipping a QKEY byte.
-  auto endpoint = open_tcp();
-  ASSERT_TRUE(endpoint);
-  ASSERT_EQ(endpoint->local_address().size(), kSockaddrInBytes);
-  PeerAddresses peers(endpoint->address_vector(), AddressFormat::kEfa);
-  const Bytes old_address = efa_address_over(*endpoint, 7, 0x9bce1061);
+  auto tcp = tcp_peers(AddressFormat::kEfa);
+  ASSERT_TRUE(tcp);
+  ASSERT_EQ(tcp->address().size(), kSockaddrInBytes);
+  PeerAddresses& peers = tcp->peers;
+  const Bytes old_address = efa_address_over(*tcp->endpoint, 7, 0x9bce1061);
   Bytes new_address = old_address;
   new_address[20] ^= 1;
 
-  ASSERT_TRUE(peers.handle(1, old_address));
-  ASSERT_TRUE(peers.handle(2, old_address));
+  ASSERT_TRUE(both_clients_on(peers, old_address));
   // Held only by the map, as in production: a post drops its copy before the op completes.
   auto second = peers.handle(1, new_address);
   ASSERT_TRUE(second) << second.error().describe();
@@ -406,8 +435,7 @@ TEST(PeerAddresses, ARecycledQueuePairEvictsItsDeadIncarnation) {
   Bytes new_address = old_address;
   new_address[20] ^= 1;
 
-  ASSERT_TRUE(peers.handle(1, old_address));
-  ASSERT_TRUE(peers.handle(2, old_address));
+  ASSERT_TRUE(both_clients_on(peers, old_address));
   auto second = peers.handle(1, new_address);
   ASSERT_TRUE(second) << "second incarnation, with the first removed first: "
                       << second.error().describe();

@@ -175,8 +175,8 @@ TEST_P(Vectored, many_clients_at_once_each_get_their_own_bytes) {
 INSTANTIATE_TEST_SUITE_P(Providers, Vectored, ::testing::Values("tcp", "net", "shm"),
                          [](const auto& param_info) { return param_info.param; });
 
-// shm ignores keys and does not bounds-check (PROVIDERS.md), so a bad key is only detectable on
-// the providers that check it.
+// shm ignores keys and does not bounds-check (docs/PROVIDERS.md, "shm"), so a bad key is only
+// detectable on the providers that check it.
 class BadKey : public Vectored {};
 
 TEST_P(BadKey, a_wrong_key_fails_that_transfer_and_other_clients_keep_working) {

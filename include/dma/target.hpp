@@ -2,11 +2,14 @@
 // for remote read and write, and makes progress on its own so a caller that only waits for an
 // RPC reply still sees its transfers complete.
 //
-// Most providers need the target to drive progress (PROVIDERS.md): tcp and net block the first
-// operation (connection setup) and hang reads and delivery-complete writes until the target calls
-// into libfabric; shm stalls the initiator with -FI_EAGAIN after ~1020 operations. A Target runs
-// one progress thread that polls its completion queue every `poll_interval` (it sleeps between
-// polls, so an idle target costs little CPU).
+// Most providers need the target to drive progress (docs/PROVIDERS.md, "Progress"): tcp and net
+// block the first operation (connection setup) and hang reads and delivery-complete writes until
+// the target calls into libfabric; shm stalls the initiator with -FI_EAGAIN after ~1020
+// operations. A Target runs one progress thread that polls its completion queue every
+// `poll_interval` (it sleeps between polls, so an idle target costs little CPU).
+//
+// Errors: open() reports a provider that cannot open, or a progress thread that cannot start,
+// as an error Result; no method throws.
 //
 // Ownership: the Target owns its endpoint and progress thread; Exposed regions must be destroyed
 // before the Target. Thread-safety: every method may be called from any thread (calls into the

@@ -1,9 +1,19 @@
-// Private: one opened libfabric RDM endpoint and everything under it.
+// Private: one opened libfabric RDM endpoint and everything under it, and the provider choice
+// that leads to it (hints, matching, and the per-provider quirks applied while opening), which
+// bench/raw_fabric reuses so that a quirk is fixed in one place.
 //
-// Ownership: Endpoint owns fi_info, fabric, domain, address vector, completion queue and
-// endpoint; member order is teardown order. Thread-safety: none; FI_THREAD_DOMAIN is requested,
-// so one thread (a service worker, a target's progress thread) uses it at a time.
+// Providers are tried in the configured order, and a provider that fails at any stage (from
+// fi_getinfo to fi_enable and fi_getname) is closed again and the next one tried: one that
+// matches at fi_getinfo can still refuse later (docs/PROVIDERS.md, "Opening an endpoint").
+//
+// Ownership: Endpoint owns fi_info, fabric, event queue, domain, address vector, completion
+// queue and endpoint, each in a FidPtr; member order is teardown order. Its DeferredCloses is
+// shared with the registrations it hands out. Thread-safety: none; FI_THREAD_DOMAIN is
+// requested, so one thread (a service worker, a target's progress thread under its lock) uses it
+// at a time, the thread named by the DomainOwner it was opened with.
 #pragma once
+
+#include <rdma/fi_eq.h>
 
 #include <atomic>
 #include <cstdint>
@@ -14,7 +24,6 @@
 #include "dma/configuration.hpp"
 #include "dma/fabric.hpp"
 #include "fabric/fid.hpp"
-#include <rdma/fi_eq.h>
 #include "fabric/registration_cache.hpp"
 
 namespace dma::internal {
@@ -27,10 +36,13 @@ enum class Role : std::uint8_t {
 class Endpoint {
  public:
   // Tries each configured provider in order; the first that offers a matching domain and opens
-  // wins. `domain` (if non-empty) must be that domain's name. The error lists why each provider
-  // was rejected.
+  // through every stage wins. `domain` (if non-empty) must be that domain's name. `owner` is the
+  // thread that will use the endpoint: registrations whose last lease drops elsewhere are
+  // closed there (DeferredCloses). The error lists, provider by provider, the stage that failed
+  // and why.
   static Result<std::unique_ptr<Endpoint>> open(const Configuration& configuration, Role role,
-                                                const std::string& domain = {});
+                                                const std::string& domain = {},
+                                                DomainOwner owner = DomainOwner::calling_thread());
   ~Endpoint();
   Endpoint(const Endpoint&) = delete;
   Endpoint& operator=(const Endpoint&) = delete;
@@ -60,11 +72,18 @@ class Endpoint {
 
  private:
   Endpoint() = default;
+  // Opens everything under `chosen` (one fi_getinfo entry for `provider`); the first failing
+  // stage is the error.
+  static Result<std::unique_ptr<Endpoint>> open_on(const fi_info& chosen,
+                                                   const Configuration& configuration,
+                                                   DomainOwner owner);
+
   InfoPtr info_;
   FidPtr<fid_fabric> fabric_;
   // net (xnet) only: an event queue with FI_WAIT_POLLFD on the fabric makes xnet start its own
-  // progress thread. A passive target needs it for connection setup (PROVIDERS.md), and measured
-  // here the initiator's connection never left -FI_EAGAIN without it on its side too.
+  // progress thread. A passive target needs it for connection setup, and measured here the
+  // initiator's connection never left -FI_EAGAIN without it on its side too (docs/PROVIDERS.md,
+  // "net").
   FidPtr<fid_eq> event_queue_;
   FidPtr<fid_domain> domain_;
   FidPtr<fid_av> address_vector_;
@@ -76,8 +95,29 @@ class Endpoint {
   std::atomic<std::uint64_t> next_key_{1};
 };
 
-// The fi_info list for one provider under our hints (tests and dma-info use it too).
+// The fi_info list for one configured provider name under our hints: RDM, RMA caps for `role`,
+// FI_CONTEXT|FI_CONTEXT2, every mr_mode bit we honour, FI_THREAD_DOMAIN, FI_AV_TABLE, and the
+// per-provider progress settings (docs/PROVIDERS.md, "Hints"). discover_domains (and so
+// dma-info) and bench/raw_fabric use it too.
 Result<InfoPtr> query_provider(const Configuration& configuration, const std::string& provider,
-                               Role role, std::string* rejection);
+                               Role role);
+// Whether `info` is an entry for exactly the configured `provider`: fi_getinfo also offers
+// layered variants (such as "net;ofi_rxm" for "net"), and "efa-direct" is the efa provider's
+// efa-direct fabric.
+bool offers(const std::string& provider, const fi_info& info);
+// The first entry of `list` for `provider` on an allowed domain: `domain` if non-empty, else one
+// of configuration.interfaces if any are named, else any. The error says what was offered.
+Result<const fi_info*> choose(const fi_info* list, const std::string& provider,
+                              const Configuration& configuration, const std::string& domain);
+
+// Quirks applied between fi_fabric and fi_enable, in this order (docs/PROVIDERS.md, "Opening an
+// endpoint"):
+// net (xnet) starts its progress thread only once the fabric has an event queue waiting on
+// FI_WAIT_POLLFD; for other providers this opens nothing and returns an empty FidPtr.
+Result<FidPtr<fid_eq>> open_progress_event_queue(fid_fabric* fabric, const fi_info& info);
+// shm names its region in /dev/shm after the source address: set it to ours (unique to this
+// incarnation of the pid) and sweep dead processes' regions first (shm_regions.hpp). Call
+// before fi_endpoint; other providers are left alone.
+void name_shm_region(fi_info& info);
 
 }  // namespace dma::internal

@@ -33,21 +33,19 @@ std::string EndpointDescription::to_string() const {
 }
 
 Result<std::vector<DomainChoice>> discover_domains(const Configuration& configuration) {
-  if (Status valid = configuration.validate(); !valid) return fail(std::move(valid).error());
+  DMA_TRY(configuration.validate());
   std::vector<DomainChoice> found;
   std::ostringstream reasons;
   for (const std::string& provider : configuration.providers) {
     Result<internal::InfoPtr> all =
-        internal::query_provider(configuration, provider, internal::Role::kInitiator, nullptr);
+        internal::query_provider(configuration, provider, internal::Role::kInitiator);
     if (!all) {
       reasons << "; " << all.error().message();
       continue;
     }
-    const std::string exact = provider == "efa-direct" ? "efa" : canonical_provider(provider);
     std::set<std::string> seen;
-    for (fi_info* info = all->get(); info != nullptr; info = info->next) {
-      if (exact != info->fabric_attr->prov_name) continue;
-      if (provider == "efa-direct" && std::string("efa-direct") != info->fabric_attr->name) continue;
+    for (const fi_info* info = all->get(); info != nullptr; info = info->next) {
+      if (!internal::offers(provider, *info)) continue;
       const std::string domain = info->domain_attr->name ? info->domain_attr->name : "";
       if (!configuration.interfaces.empty() &&
           std::find(configuration.interfaces.begin(), configuration.interfaces.end(), domain) ==

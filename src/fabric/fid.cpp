@@ -12,6 +12,11 @@ Error fabric_error(std::string_view call, long code, ErrorCode kind) {
                          std::to_string(code) + ")");
 }
 
+Status fabric_status(long code, std::string_view call) {
+  if (code != 0) return fail(fabric_error(call, code));
+  return {};
+}
+
 namespace {
 // fi_tostr_r output is "FI_A, FI_B" (sometimes with a trailing separator); normalise to
 // "FI_A|FI_B".

@@ -40,6 +40,8 @@ inline constexpr std::uint32_t kFabricVersion = FI_VERSION(1, 17);
 
 // "<call> failed: <fi_strerror> (<code>)", with code the negative libfabric return.
 Error fabric_error(std::string_view call, long code, ErrorCode kind = ErrorCode::kFabric);
+// A libfabric return code (0 or a negative error) as a Status naming the call, for DMA_TRY.
+Status fabric_status(long code, std::string_view call);
 
 // The error for a failed fi_mr_reg of `length` bytes. Providers that pin memory (verbs, efa)
 // fail with -FI_ENOMEM (or -FI_EAGAIN) once the process's locked memory would exceed

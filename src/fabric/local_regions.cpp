@@ -18,24 +18,22 @@ Result<LocalOperand> LocalRegions::operand(
   }
   if (span_of) {
     if (std::optional<CacheableSpan> span = span_of(); span && span->contains(start, length)) {
-      Result<Lease> lease = endpoint_.register_memory(span->base(), span->length(), kLocalAccess);
-      if (!lease) return fail(std::move(lease).error());
-      registry::track(span->base(), span->end(), domain, *lease);
-      void* descriptor = (*lease)->descriptor();
-      return LocalOperand{descriptor, std::move(*lease)};
+      DMA_TRY_ASSIGN(Lease lease,
+                     endpoint_.register_memory(span->base(), span->length(), kLocalAccess));
+      registry::track(span->base(), span->end(), domain, lease);
+      void* descriptor = lease->descriptor();
+      return LocalOperand{descriptor, std::move(lease)};
     }
   }
   // Registered for this transfer alone; closed when its lease drops at completion.
-  Result<Lease> lease = endpoint_.register_memory(start, length, kLocalAccess);
-  if (!lease) return fail(std::move(lease).error());
-  void* descriptor = (*lease)->descriptor();
-  return LocalOperand{descriptor, std::move(*lease)};
+  DMA_TRY_ASSIGN(Lease lease, endpoint_.register_memory(start, length, kLocalAccess));
+  void* descriptor = lease->descriptor();
+  return LocalOperand{descriptor, std::move(lease)};
 }
 
 Status LocalRegions::pin(std::uintptr_t base, std::size_t length) {
-  Result<Lease> lease = endpoint_.register_memory(base, length, kLocalAccess);
-  if (!lease) return fail(std::move(lease).error());
-  registry::track(base, base + length, endpoint_.domain_key(), *lease);
+  DMA_TRY_ASSIGN(Lease lease, endpoint_.register_memory(base, length, kLocalAccess));
+  registry::track(base, base + length, endpoint_.domain_key(), lease);
   return {};
 }
 

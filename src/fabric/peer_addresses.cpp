@@ -79,12 +79,9 @@ RegisteredAddress::~RegisteredAddress() {
 
 Result<std::shared_ptr<RegisteredAddress>> PeerAddresses::handle(
     std::uint64_t client_id, std::span<const std::uint8_t> address) {
-  Result<std::size_t> length = identity_length(format_, address);
-  if (!length) return fail(std::move(length).error());
-  if (Status valid = check_address(fi_addr_format_, address); !valid) {
-    return fail(std::move(valid).error());
-  }
-  const std::string_view identity = as_view(address.first(*length));
+  DMA_TRY_ASSIGN(const std::size_t length, identity_length(format_, address));
+  DMA_TRY(check_address(fi_addr_format_, address));
+  const std::string_view identity = as_view(address.first(length));
   const std::string_view whole = as_view(address);
 
   // The hot path: this client already holds exactly this address.
@@ -127,9 +124,8 @@ Result<std::shared_ptr<RegisteredAddress>> PeerAddresses::handle(
   // This client's previous entry goes before its new one comes in.
   by_client_.erase(client_id);
 
-  Result<fi_addr_t> inserted = insert(address);
-  if (!inserted) return fail(std::move(inserted).error());
-  auto entry = std::make_shared<RegisteredAddress>(address_vector_, *inserted,
+  DMA_TRY_ASSIGN(const fi_addr_t inserted, insert(address));
+  auto entry = std::make_shared<RegisteredAddress>(address_vector_, inserted,
                                                    shm_address_owner(address));
   sweep();
   by_identity_.emplace(std::string(identity), Indexed{std::string(whole), entry});

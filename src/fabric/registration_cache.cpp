@@ -7,40 +7,27 @@
 
 namespace dma::internal {
 
-void DeferredCloses::set_owner(std::thread::id owner, std::function<void()> wake) {
-  std::lock_guard lock(mutex_);
-  owner_ = owner;
-  wake_ = std::move(wake);
-}
-
-void DeferredCloses::close(fid_mr* region) noexcept {
-  if (region == nullptr) return;
-  std::function<void()> wake;
+void DeferredCloses::close(FidPtr<fid_mr> region) noexcept {
+  if (!region) return;
+  const bool elsewhere =
+      owner_.thread != std::thread::id() && std::this_thread::get_id() != owner_.thread;
+  if (!elsewhere) return;  // `region` closes here, on the owner (or on a serialised caller)
   {
     std::lock_guard lock(mutex_);
-    // No owner (a Target, whose callers serialise themselves): close on the dropping thread.
-    if (owner_ != std::thread::id() && std::this_thread::get_id() != owner_) {
-      queued_.push_back(region);
-      pending_.store(true, std::memory_order_release);
-      wake = wake_;
-      region = nullptr;
-    }
+    queued_.push_back(std::move(region));
+    pending_.store(true, std::memory_order_release);
   }
-  if (region != nullptr) {
-    fi_close(&region->fid);
-  } else if (wake) {
-    wake();
-  }
+  if (owner_.wake) owner_.wake();
 }
 
 void DeferredCloses::drain() noexcept {
-  std::vector<fid_mr*> closing;
+  std::vector<FidPtr<fid_mr>> closing;
   {
     std::lock_guard lock(mutex_);
     closing.swap(queued_);
     pending_.store(false, std::memory_order_release);
   }
-  for (fid_mr* region : closing) fi_close(&region->fid);
+  // `closing` closes here, outside the lock.
 }
 
 namespace {

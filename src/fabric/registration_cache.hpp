@@ -25,50 +25,64 @@
 
 namespace dma::internal {
 
+// The thread allowed to call into a domain (FI_THREAD_DOMAIN), and how to wake it when a close is
+// queued for it. Given when the endpoint is opened, by whoever owns the thread that will use it.
+struct DomainOwner {
+  // std::thread::id() means any thread: the callers serialise every call themselves (a Target
+  // holds its lock around each one), so a close may run wherever the last lease drops.
+  std::thread::id thread;
+  std::function<void()> wake;  // may be empty; called outside any lock of ours
+
+  // The calling thread owns the domain; `wake` rouses it when another thread queues a close.
+  static DomainOwner calling_thread(std::function<void()> wake = {}) {
+    return DomainOwner{std::this_thread::get_id(), std::move(wake)};
+  }
+  static DomainOwner any_thread() { return DomainOwner{}; }
+};
+
 // Closes memory regions on the thread that owns their domain. A registration's last lease may
 // drop on any thread (an allocator hook calling invalidate(), a CRC pool thread), but under
 // FI_THREAD_DOMAIN only the owning thread may touch the domain, so other threads queue the close
-// and wake the owner. Thread-safe.
+// and wake the owner. Thread-safe; the owner is fixed at construction.
 class DeferredCloses {
  public:
-  DeferredCloses() : owner_(std::this_thread::get_id()) {}
+  explicit DeferredCloses(DomainOwner owner) : owner_(std::move(owner)) {}
   ~DeferredCloses() { drain(); }
   DeferredCloses(const DeferredCloses&) = delete;
   DeferredCloses& operator=(const DeferredCloses&) = delete;
 
-  // The owning thread and how to wake it when a close is queued. Call before sharing.
-  void set_owner(std::thread::id owner, std::function<void()> wake);
-  // Closes now on the owner thread, else queues and wakes the owner.
-  void close(fid_mr* region) noexcept;
+  // Closes now on the owner thread (or on any thread without an owner), else queues and wakes
+  // the owner.
+  void close(FidPtr<fid_mr> region) noexcept;
   // Closes everything queued. Owner thread only.
   void drain() noexcept;
   bool pending() const noexcept { return pending_.load(std::memory_order_acquire); }
 
  private:
-  std::thread::id owner_;
-  std::function<void()> wake_;
+  const DomainOwner owner_;
   std::mutex mutex_;
-  std::vector<fid_mr*> queued_;
+  std::vector<FidPtr<fid_mr>> queued_;  // guarded by mutex_
   std::atomic<bool> pending_{false};
 };
 
-// A live fi_mr_reg. Closed (through DeferredCloses) when the last holder drops it.
+// A live fi_mr_reg. Its region is closed (through DeferredCloses, on the domain's owner thread)
+// when the last holder drops it.
 class Registration {
  public:
-  Registration(fid_mr* region, std::shared_ptr<DeferredCloses> closes)
-      : region_(region), closes_(std::move(closes)) {}
-  ~Registration() { closes_->close(region_); }
+  Registration(FidPtr<fid_mr> region, std::shared_ptr<DeferredCloses> closes)
+      : region_(std::move(region)), closes_(std::move(closes)) {}
+  ~Registration() { closes_->close(std::move(region_)); }
   Registration(const Registration&) = delete;
   Registration& operator=(const Registration&) = delete;
 
-  fid_mr* memory_region() const noexcept { return region_; }
+  fid_mr* memory_region() const noexcept { return region_.get(); }
   // fi_mr_desc: the local descriptor to pass with an operand (needed under FI_MR_LOCAL).
-  void* descriptor() const noexcept { return fi_mr_desc(region_); }
+  void* descriptor() const noexcept { return fi_mr_desc(region_.get()); }
   // fi_mr_key: the key a peer uses to reach this region (remote registrations only).
-  std::uint64_t key() const noexcept { return fi_mr_key(region_); }
+  std::uint64_t key() const noexcept { return fi_mr_key(region_.get()); }
 
  private:
-  fid_mr* region_;
+  FidPtr<fid_mr> region_;
   std::shared_ptr<DeferredCloses> closes_;
 };
 

@@ -1,8 +1,11 @@
 #include "dma/target.hpp"
 
+#include <array>
 #include <atomic>
 #include <condition_variable>
 #include <mutex>
+#include <string>
+#include <system_error>
 #include <thread>
 
 #include "fabric/endpoint.hpp"
@@ -79,20 +82,25 @@ Result<std::unique_ptr<Target>> Target::open(const Configuration& configuration,
 
 Result<std::unique_ptr<Target>> Target::open(const Configuration& configuration,
                                              const std::string& domain, Options options) {
-  Result<std::unique_ptr<Endpoint>> endpoint =
-      Endpoint::open(configuration, internal::Role::kTarget, domain);
-  if (!endpoint) return fail(std::move(endpoint).error());
   auto impl = std::make_unique<Impl>();
-  impl->endpoint = std::move(*endpoint);
+  // Every thread that touches the endpoint holds impl->mutex, so a region may be closed on
+  // whichever of them drops its last lease: the domain has no single owner thread.
+  DMA_TRY_ASSIGN(impl->endpoint, Endpoint::open(configuration, internal::Role::kTarget, domain,
+                                                internal::DomainOwner::any_thread()));
   impl->address = impl->endpoint->local_address();
   impl->options = options;
-  // Every thread that touches the endpoint holds impl->mutex, so closes may run on any of them.
-  impl->endpoint->deferred_closes()->set_owner(std::thread::id(), nullptr);
   Impl* raw = impl.get();
-  impl->progress = std::thread([raw] {
-    pthread_setname_np(pthread_self(), "dma-target");
-    raw->run();
-  });
+  try {
+    impl->progress = std::thread([raw] {
+      pthread_setname_np(pthread_self(), "dma-target");
+      raw->run();
+    });
+  } catch (const std::system_error& error) {
+    // std::thread reports a failed pthread_create (EAGAIN: the thread limit) by throwing; the
+    // endpoint closes with `impl`, which no other thread has seen.
+    return fail(ErrorCode::kResourceExhausted,
+                std::string("cannot start the target's progress thread: ") + error.what());
+  }
   return std::unique_ptr<Target>(new Target(std::move(impl)));
 }
 
@@ -117,18 +125,17 @@ const EndpointDescription& Target::describe() const noexcept {
 Result<Exposed> Target::expose(void* data, std::size_t length) {
   if (data == nullptr) return fail(ErrorCode::kInvalidArgument, "cannot expose a null buffer");
   std::lock_guard lock(impl_->mutex);
-  Result<Lease> lease =
-      impl_->endpoint->register_memory(reinterpret_cast<std::uintptr_t>(data), length,
-                                       FI_REMOTE_READ | FI_REMOTE_WRITE);
-  if (!lease) return fail(std::move(lease).error());
+  DMA_TRY_ASSIGN(Lease lease, impl_->endpoint->register_memory(
+                                  reinterpret_cast<std::uintptr_t>(data), length,
+                                  FI_REMOTE_READ | FI_REMOTE_WRITE));
   Advertisement advertisement;
   advertisement.address = impl_->address;
-  advertisement.key = (*lease)->key();
+  advertisement.key = lease->key();
   advertisement.remote_address =
       impl_->endpoint->virtual_addresses() ? reinterpret_cast<std::uint64_t>(data) : 0;
   auto handle = std::make_unique<Exposed::Handle>();
   handle->target = impl_.get();
-  handle->lease = std::move(*lease);
+  handle->lease = std::move(lease);
   return Exposed(std::move(handle), std::move(advertisement), static_cast<std::byte*>(data),
                  length);
 }
@@ -146,12 +153,8 @@ void Target::synchronize() {
 Status Target::add_initiator(std::span<const std::uint8_t> address) {
   std::lock_guard lock(impl_->mutex);
   const auto format = internal::address_format_from(impl_->endpoint->info()->addr_format);
-  Result<std::size_t> checked = internal::identity_length(format, address);
-  if (!checked) return fail(std::move(checked).error());
-  if (Status valid = internal::check_address(impl_->endpoint->info()->addr_format, address);
-      !valid) {
-    return valid;
-  }
+  DMA_TRY(internal::identity_length(format, address));
+  DMA_TRY(internal::check_address(impl_->endpoint->info()->addr_format, address));
   fi_addr_t handle = FI_ADDR_NOTAVAIL;
   const int inserted =
       fi_av_insert(impl_->endpoint->address_vector(), address.data(), 1, &handle, 0, nullptr);

@@ -25,8 +25,14 @@ Result<std::unique_ptr<Worker>> Worker::open(const Configuration& configuration,
                                              const std::string& domain,
                                              std::shared_ptr<ServiceShared> shared,
                                              WorkerOptions options) {
+  // Runs on the worker thread, which owns the domain: registrations whose last lease drops on
+  // another thread are queued for it and wake it.
+  std::weak_ptr<ServiceShared> weak = shared;
   DMA_TRY_ASSIGN(std::unique_ptr<Endpoint> endpoint,
-                 Endpoint::open(configuration, Role::kInitiator, domain));
+                 Endpoint::open(configuration, Role::kInitiator, domain,
+                                DomainOwner::calling_thread([weak] {
+                                  if (auto alive = weak.lock()) alive->channel.wake();
+                                })));
   return std::unique_ptr<Worker>(
       new Worker(std::move(endpoint), configuration, std::move(shared), options));
 }
@@ -48,11 +54,6 @@ Worker::Worker(std::unique_ptr<Endpoint> endpoint, const Configuration& configur
   peers_ = std::make_unique<PeerAddresses>(
       endpoint_->address_vector(), address_format_from(endpoint_->info()->addr_format),
       endpoint_->info()->addr_format);
-  // Registrations whose last lease drops on another thread are closed here, on the owner.
-  std::weak_ptr<ServiceShared> weak = shared_;
-  endpoint_->deferred_closes()->set_owner(std::this_thread::get_id(), [weak] {
-    if (auto alive = weak.lock()) alive->channel.wake();
-  });
   inbox_.reserve(64);
   ended_.reserve(64);
 }
