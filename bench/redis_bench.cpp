@@ -382,6 +382,27 @@ Result<std::vector<Peer>> connect_peers(const std::string& host, int port,
   return peers;
 }
 
+// What a run talks to: the server started here (none with --host) and `count` peers connected
+// to it. Declaration order: the peers disconnect before the server stops.
+struct Connected {
+  std::unique_ptr<RedisServer> server;
+  std::vector<Peer> peers;
+};
+
+Result<Connected> connect_run(const RedisOptions& options, std::size_t count) {
+  Connected connected;
+  std::string host = options.host;
+  int port = options.port;
+  if (host.empty()) {
+    DMA_TRY_ASSIGN(connected.server, start_server(options.provider));
+    host = connected.server->host();
+    port = connected.server->port();
+  }
+  DMA_TRY_ASSIGN(connected.peers,
+                 connect_peers(host, port, options.provider, count, options.expose_once));
+  return connected;
+}
+
 }  // namespace
 
 Result<std::vector<Case>> run_redis(const RedisOptions& options, Progress& progress) {
@@ -393,23 +414,15 @@ Result<std::vector<Case>> run_redis(const RedisOptions& options, Progress& progr
       return fail(ErrorCode::kInvalidArgument, "op '" + op + "' is neither get nor set");
     }
   }
-  std::unique_ptr<RedisServer> server;
-  std::string host = options.host;
-  int port = options.port;
-  if (host.empty()) {
-    DMA_TRY_ASSIGN(server, start_server(options.provider));
-    host = server->host();
-    port = server->port();
-  }
   const std::size_t most = *std::max_element(options.clients.begin(), options.clients.end());
-  DMA_TRY_ASSIGN(std::vector<Peer> peers,
-                 connect_peers(host, port, options.provider, most, options.expose_once));
+  DMA_TRY_ASSIGN(Connected connected, connect_run(options, most));
 
   std::vector<Case> rows;
   for (const std::string& op : options.ops) {
     for (const std::size_t size : options.sizes) {
       for (const std::size_t clients : options.clients) {
-        DMA_TRY_ASSIGN(Case row, run_case(options, op, size, clients, peers, progress));
+        DMA_TRY_ASSIGN(Case row,
+                       run_case(options, op, size, clients, connected.peers, progress));
         rows.push_back(std::move(row));
       }
     }
@@ -423,17 +436,8 @@ namespace {
 // used_memory_rss) before, during (after each tenth) and after N 4 KiB DMA.GETs on one client,
 // after a warm-up of N/10, so allocator growth that settles is not counted as a leak.
 Status memory_check(const RedisOptions& options, std::uint64_t count, Progress& progress) {
-  std::unique_ptr<RedisServer> server;
-  std::string host = options.host;
-  int port = options.port;
-  if (host.empty()) {
-    DMA_TRY_ASSIGN(server, start_server(options.provider));
-    host = server->host();
-    port = server->port();
-  }
-  DMA_TRY_ASSIGN(std::vector<Peer> peers,
-                 connect_peers(host, port, options.provider, 1, options.expose_once));
-  Peer& peer = peers[0];
+  DMA_TRY_ASSIGN(Connected connected, connect_run(options, 1));
+  Peer& peer = connected.peers[0];
   DMA_TRY_ASSIGN(Share share, make_share(peer, 4096, kMaxKeysPerClient, 0, 4242));
   Tally tally;
   auto run = [&](std::uint64_t operations) -> Status {
@@ -445,7 +449,7 @@ Status memory_check(const RedisOptions& options, std::uint64_t count, Progress& 
     return {};
   };
   auto rss = [&]() -> std::uint64_t {
-    if (server) return server->rss_bytes().value_or(0);
+    if (connected.server) return connected.server->rss_bytes().value_or(0);
     return static_cast<std::uint64_t>(peer.plain->info_field("memory", "used_memory_rss").value_or(0));
   };
   progress.note("memory check: warm-up of " + std::to_string(count / 10) + " DMA.GETs of 4k");

@@ -15,7 +15,6 @@
 #include <memory>
 #include <string>
 #include <string_view>
-#include <thread>
 #include <vector>
 
 #include "dma/client.hpp"
@@ -164,18 +163,6 @@ inline std::string as_string(const std::vector<std::byte>& bytes) {
   return std::string(reinterpret_cast<const char*>(bytes.data()), bytes.size());
 }
 
-// Polls `done` (a server's counters: the server cannot notify us) until it holds or `deadline`
-// passes; whether it held.
-template <typename Condition>
-bool eventually(Condition&& done, std::chrono::milliseconds deadline = 60s) {
-  const auto until = std::chrono::steady_clock::now() + deadline;
-  while (!done()) {
-    if (std::chrono::steady_clock::now() >= until) return false;
-    std::this_thread::sleep_for(20ms);
-  }
-  return true;
-}
-
 // One server with the module on tcp for a whole suite: starting one per test costs an endpoint
 // open each. Its log is checked for crashes and sanitizer reports when the suite ends.
 class Module : public ::testing::Test {
@@ -211,6 +198,18 @@ class Module : public ::testing::Test {
     Status proven = hello_and_prove(*connection, target);
     EXPECT_TRUE(proven) << proven.error().describe();
     return connection;
+  }
+
+  // A new client stores and reads back a value under `key` (the server still serves).
+  void expect_a_new_client_is_served(const std::string& key, std::uint32_t seed) {
+    auto dma = client();
+    ASSERT_TRUE(dma);
+    const auto value = pattern(4096, seed);
+    ASSERT_TRUE(dma->set(key, value));
+    std::vector<std::byte> buffer(4096);
+    auto read = dma->get(key, buffer);
+    ASSERT_TRUE(read && read->has_value());
+    EXPECT_TRUE(buffer == value);
   }
 
   static std::unique_ptr<Target> open_target() {

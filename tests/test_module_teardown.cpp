@@ -56,14 +56,7 @@ TEST_F(Module, a_client_disconnecting_mid_transfer_leaves_the_server_serving) {
                          << info_field(watcher, "transfers_from_clients") << "+"
                          << info_field(watcher, "errors") << " (before " << finished_before << ")";
   }
-  auto dma = client();
-  ASSERT_TRUE(dma);
-  const auto value = pattern(4096, 33);
-  ASSERT_TRUE(dma->set("after-disconnect", value));
-  std::vector<std::byte> buffer(4096);
-  auto read = dma->get("after-disconnect", buffer);
-  ASSERT_TRUE(read && read->has_value());
-  EXPECT_TRUE(buffer == value);
+  expect_a_new_client_is_served("after-disconnect", 33);
 }
 
 TEST_F(Module, a_client_disconnecting_mid_set_never_leaves_a_partial_or_foreign_value) {
@@ -100,14 +93,7 @@ TEST_F(Module, a_client_disconnecting_mid_set_never_leaves_a_partial_or_foreign_
     EXPECT_TRUE(stored == as_string(old_value) || stored == as_string(new_value))
         << "the key holds " << stored.size() << " bytes that are neither the old nor the new value";
   }
-  auto dma = client();
-  ASSERT_TRUE(dma);
-  const auto value = pattern(4096, 63);
-  ASSERT_TRUE(dma->set("after-abandoned-set", value));
-  std::vector<std::byte> buffer(4096);
-  auto read = dma->get("after-abandoned-set", buffer);
-  ASSERT_TRUE(read && read->has_value());
-  EXPECT_TRUE(buffer == value);
+  expect_a_new_client_is_served("after-abandoned-set", 63);
 }
 
 TEST_F(Module, re_advertising_on_new_connections_while_old_transfers_fly_serves_everyone) {
