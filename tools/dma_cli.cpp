@@ -65,9 +65,7 @@ void add_common(CLI::App& command, Common& common) {
 dma::Result<dma::Configuration> configuration_of(const Common& common) {
   dma::Configuration configuration;
   if (!common.config_path.empty()) {
-    auto loaded = dma::Configuration::load(common.config_path);
-    if (!loaded) return loaded;
-    configuration = std::move(*loaded);
+    DMA_TRY_ASSIGN(configuration, dma::Configuration::load(common.config_path));
   }
   configuration.providers = {common.provider};
   configuration.bind = common.bind;

@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <array>
+#include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -65,7 +66,7 @@ Result<std::string> module_of(const RedisServer::Options& options) {
 }
 
 std::string log_path_for(int port) {
-  static int serial = 0;  // one owner thread per server; distinct names per process
+  static std::atomic<int> serial{0};  // distinct names within this process
   return (std::filesystem::temp_directory_path() /
           ("dma-redis-" + std::to_string(::getpid()) + "-" + std::to_string(port) + "-" +
            std::to_string(serial++) + ".log"))
