@@ -11,16 +11,19 @@
 #include <iostream>
 #include <memory>
 
-#include "child_process.hpp"
 #include "commands.hpp"
 #include "dma/protocol.hpp"
 #include "fabric_target.hpp"
 #include "ours_loop.hpp"
-#include "pattern.hpp"
 #include "raw_fabric.hpp"
+#include "support/child_process.hpp"
+#include "support/command_line.hpp"
+#include "support/pattern.hpp"
 
 namespace dma::bench {
 namespace {
+
+using support::ChildProcess;
 
 using Clock = std::chrono::steady_clock;
 constexpr auto kReplyTimeout = std::chrono::seconds(30);
@@ -55,7 +58,7 @@ class LocalBuffer {
     if (data == nullptr) {
       return fail(ErrorCode::kResourceExhausted, "cannot allocate " + std::to_string(bytes) + " bytes");
     }
-    tools::fill_pattern(std::span(data, bytes), seed);
+    support::fill_pattern(std::span(data, bytes), seed);
     return LocalBuffer(data);
   }
   std::byte* data() const noexcept { return data_.get(); }
@@ -79,12 +82,14 @@ Result<TargetChild> start_target(const FabricOptions& options, const std::string
   std::error_code error;
   const auto self = std::filesystem::read_symlink("/proc/self/exe", error);
   if (error) return fail(ErrorCode::kNotFound, "cannot find my own executable: " + error.message());
-  auto process = ChildProcess::spawn(
-      {self.string(), "fabric-target", "--kind", kind, "--provider", options.provider, "--bind",
-       options.bind, "--bytes", std::to_string(bytes), "--seed", std::to_string(seed),
-       "--poll-us", std::to_string(options.target_poll_interval.count())});
-  if (!process) return fail(std::move(process).error());
-  auto wire = (*process)->read_line(kReplyTimeout);
+  // stderr is inherited so the child's diagnostics show.
+  DMA_TRY_ASSIGN(
+      auto process,
+      ChildProcess::spawn({self.string(), "fabric-target", "--kind", kind, "--provider",
+                           options.provider, "--bind", options.bind, "--bytes",
+                           std::to_string(bytes), "--seed", std::to_string(seed), "--poll-us",
+                           std::to_string(options.target_poll_interval.count())}));
+  auto wire = process->read_line(kReplyTimeout);
   if (!wire) {
     return fail(wire.error().code(), "the " + kind + " target did not start: " + wire.error().message());
   }
@@ -93,14 +98,14 @@ Result<TargetChild> start_target(const FabricOptions& options, const std::string
     return fail(ErrorCode::kFabric, "the " + kind + " target printed '" + *wire + "': " +
                                         advertisement.error().message());
   }
-  return TargetChild{std::move(*process), std::move(*advertisement)};
+  return TargetChild{std::move(process), std::move(*advertisement)};
 }
 
 Status introduce(TargetChild& target, std::span<const std::uint8_t> initiator, const char* kind) {
-  auto answer = target.process->ask("initiator " + hex_encode(initiator), kReplyTimeout);
-  if (!answer) return fail(std::move(answer).error());
-  if (*answer != "ok") {
-    return fail(ErrorCode::kFabric, std::string("the ") + kind + " target refused our address: " + *answer);
+  DMA_TRY_ASSIGN(const std::string answer,
+                 target.process->ask("initiator " + hex_encode(initiator), kReplyTimeout));
+  if (answer != "ok") {
+    return fail(ErrorCode::kFabric, std::string("the ") + kind + " target refused our address: " + answer);
   }
   return {};
 }
@@ -108,11 +113,12 @@ Status introduce(TargetChild& target, std::span<const std::uint8_t> initiator, c
 // CRC32C of the target's bytes for `slot` against ours: true when they match.
 Result<bool> verify_slot(TargetChild& target, const std::byte* local, std::size_t size,
                          std::size_t slot) {
-  auto theirs = target.process->ask(
-      "crc " + std::to_string(slot * size) + " " + std::to_string(size), kReplyTimeout);
-  if (!theirs) return fail(std::move(theirs).error());
+  DMA_TRY_ASSIGN(const std::string theirs,
+                 target.process->ask("crc " + std::to_string(slot * size) + " " +
+                                         std::to_string(size),
+                                     kReplyTimeout));
   const std::uint32_t ours = crc32c(std::span<const std::byte>(local + slot * size, size));
-  return *theirs == std::to_string(ours);
+  return theirs == std::to_string(ours);
 }
 
 // Everything one run holds; member order is teardown order (the initiators go before the
@@ -156,29 +162,26 @@ Status ours_round(Bench& bench, std::size_t size, std::size_t depth, std::size_t
   LatencySamples round;
   if (side != nullptr) round.reserve(std::max<std::size_t>(1 << 16, 4'000'000 * duration.count() / 1'000'000'000));
   if (bench.rss_before == 0) bench.rss_before = resident_bytes();
-  auto run = bench.ours->run_window(job, side != nullptr ? round : discard);
-  if (!run) return fail(std::move(run).error());
+  DMA_TRY_ASSIGN(auto run, bench.ours->run_window(job, side != nullptr ? round : discard));
   bench.rss_after = resident_bytes();
-  bench.ours_slot = run->next_slot;
-  if (run->first_error) {
-    std::fprintf(stderr, "dma-bench fabric: ours: %s\n", run->first_error->describe().c_str());
+  bench.ours_slot = run.next_slot;
+  if (run.first_error) {
+    std::fprintf(stderr, "dma-bench fabric: ours: %s\n", run.first_error->describe().c_str());
   }
-  if (!bench.ours_target.process->alive()) return fail(ErrorCode::kWorkerGone, "our target process died");
+  if (bench.ours_target.process->exited()) return fail(ErrorCode::kWorkerGone, "our target process died");
   bool verified = true;
-  if (run->last_slot) {
-    auto match = verify_slot(bench.ours_target, bench.ours_local->data(), size, *run->last_slot);
-    if (!match) return fail(std::move(match).error());
-    verified = *match;
+  if (run.last_slot) {
+    DMA_TRY_ASSIGN(verified, verify_slot(bench.ours_target, bench.ours_local->data(), size, *run.last_slot));
   }
   if (side == nullptr) return {};
   Measurement& m = side->measurement;
-  m.operations += run->operations;
-  m.bytes += run->bytes;
-  m.errors += run->errors;
-  m.seconds += run->seconds;
+  m.operations += run.operations;
+  m.bytes += run.bytes;
+  m.errors += run.errors;
+  m.seconds += run.seconds;
   m.mismatches += verified ? 0 : 1;
-  side->allocations += run->allocations;
-  m.eagain = m.eagain.value_or(0) + run->eagain;
+  side->allocations += run.allocations;
+  m.eagain = m.eagain.value_or(0) + run.eagain;
   side->samples.merge(round);
   return {};
 }
@@ -198,24 +201,21 @@ Status raw_round(Bench& bench, std::size_t size, std::size_t depth, std::size_t 
   job.duration = duration;
   LatencySamples round;
   round.reserve(side != nullptr ? std::max<std::size_t>(1 << 16, 4'000'000 * duration.count() / 1'000'000'000) : 0);
-  auto run = run_raw_window(*bench.raw, job, round);
-  if (!run) return fail(std::move(run).error());
-  bench.raw_slot = run->next_slot;
-  if (!bench.raw_target.process->alive()) return fail(ErrorCode::kWorkerGone, "the raw target process died");
+  DMA_TRY_ASSIGN(auto run, run_raw_window(*bench.raw, job, round));
+  bench.raw_slot = run.next_slot;
+  if (bench.raw_target.process->exited()) return fail(ErrorCode::kWorkerGone, "the raw target process died");
   bool verified = true;
-  if (run->last_slot) {
-    auto match = verify_slot(bench.raw_target, bench.raw_local->data(), size, *run->last_slot);
-    if (!match) return fail(std::move(match).error());
-    verified = *match;
+  if (run.last_slot) {
+    DMA_TRY_ASSIGN(verified, verify_slot(bench.raw_target, bench.raw_local->data(), size, *run.last_slot));
   }
   if (side == nullptr) return {};
   Measurement& m = side->measurement;
-  m.operations += run->operations;
-  m.bytes += run->bytes;
-  m.errors += run->errors;
-  m.seconds += run->seconds;
+  m.operations += run.operations;
+  m.bytes += run.bytes;
+  m.errors += run.errors;
+  m.seconds += run.seconds;
   m.mismatches += verified ? 0 : 1;
-  m.eagain = m.eagain.value_or(0) + run->eagain;
+  m.eagain = m.eagain.value_or(0) + run.eagain;
   side->samples.merge(round);
   return {};
 }
@@ -228,8 +228,8 @@ void finish_side(Side& side) {
 Result<Case> run_case(Bench& bench, std::size_t size, std::size_t depth) {
   const std::size_t slots = slots_for(size, bench.options.cold);
   // Unmeasured warm-up: connections, the channel's and the worker's pools, the caches' state.
-  if (Status warm = ours_round(bench, size, depth, slots, kWarmup, nullptr); !warm) return fail(std::move(warm).error());
-  if (Status warm = raw_round(bench, size, depth, slots, kWarmup, nullptr); !warm) return fail(std::move(warm).error());
+  DMA_TRY(ours_round(bench, size, depth, slots, kWarmup, nullptr));
+  DMA_TRY(raw_round(bench, size, depth, slots, kWarmup, nullptr));
 
   const auto total = bench.options.duration;
   // Short rounds interleave better, but a round must outlast a few waves of `depth` transfers
@@ -244,9 +244,8 @@ Result<Case> run_case(Bench& bench, std::size_t size, std::size_t depth) {
     const bool ours_first = round % 2 == 0;
     for (int turn = 0; turn < 2; ++turn) {
       const bool ours_turn = (turn == 0) == ours_first;
-      Status done = ours_turn ? ours_round(bench, size, depth, slots, each, &ours)
-                              : raw_round(bench, size, depth, slots, each, &raw);
-      if (!done) return fail(std::move(done).error());
+      DMA_TRY(ours_turn ? ours_round(bench, size, depth, slots, each, &ours)
+                        : raw_round(bench, size, depth, slots, each, &raw));
     }
   }
   finish_side(ours);
@@ -285,33 +284,20 @@ Status validate(const FabricOptions& options) {
 }  // namespace
 
 Result<FabricRun> run_fabric_detailed(const FabricOptions& options, Progress& progress) {
-  if (Status valid = validate(options); !valid) return fail(std::move(valid).error());
+  DMA_TRY(validate(options));
   std::size_t bytes = 0;
   for (std::size_t size : options.sizes) bytes = std::max(bytes, size * slots_for(size, options.cold));
   const std::size_t max_depth = *std::max_element(options.depths.begin(), options.depths.end());
 
   Bench bench(options);
-  auto ours_local = LocalBuffer::create(bytes, kOursLocalSeed);
-  if (!ours_local) return fail(std::move(ours_local).error());
-  bench.ours_local = std::move(*ours_local);
-  auto raw_local = LocalBuffer::create(bytes, kRawLocalSeed);
-  if (!raw_local) return fail(std::move(raw_local).error());
-  bench.raw_local = std::move(*raw_local);
+  DMA_TRY_ASSIGN(bench.ours_local, LocalBuffer::create(bytes, kOursLocalSeed));
+  DMA_TRY_ASSIGN(bench.raw_local, LocalBuffer::create(bytes, kRawLocalSeed));
+  DMA_TRY_ASSIGN(bench.ours_target, start_target(options, options.ours_target, bytes, kOursTargetSeed));
+  DMA_TRY_ASSIGN(bench.raw_target, start_target(options, "raw", bytes, kRawTargetSeed));
 
-  auto ours_target = start_target(options, options.ours_target, bytes, kOursTargetSeed);
-  if (!ours_target) return fail(std::move(ours_target).error());
-  bench.ours_target = std::move(*ours_target);
-  auto raw_target = start_target(options, "raw", bytes, kRawTargetSeed);
-  if (!raw_target) return fail(std::move(raw_target).error());
-  bench.raw_target = std::move(*raw_target);
-
-  auto raw = RawEndpoint::open(options.provider, RawRole::kInitiator, options.bind);
-  if (!raw) return fail(std::move(raw).error());
-  bench.raw = std::move(*raw);
-  auto peer = bench.raw->insert(bench.raw_target.advertisement.address);
-  if (!peer) return fail(std::move(peer).error());
-  bench.raw_peer = *peer;
-  if (Status ok = introduce(bench.raw_target, bench.raw->address(), "raw"); !ok) return fail(std::move(ok).error());
+  DMA_TRY_ASSIGN(bench.raw, RawEndpoint::open(options.provider, RawRole::kInitiator, options.bind));
+  DMA_TRY_ASSIGN(bench.raw_peer, bench.raw->insert(bench.raw_target.advertisement.address));
+  DMA_TRY(introduce(bench.raw_target, bench.raw->address(), "raw"));
 
   Configuration configuration;
   configuration.providers = {options.provider};
@@ -319,24 +305,22 @@ Result<FabricRun> run_fabric_detailed(const FabricOptions& options, Progress& pr
   configuration.max_in_flight = max_depth;
   // A transfer that never completes must not hold the service's destructor for 30 s.
   configuration.completion_deadline = std::chrono::milliseconds(5000);
-  auto ours = OursLoop::start(configuration, bench.ours_target.advertisement.address, max_depth);
-  if (!ours) return fail(std::move(ours).error());
-  bench.ours = std::move(*ours);
+  DMA_TRY_ASSIGN(bench.ours,
+                 OursLoop::start(configuration, bench.ours_target.advertisement.address, max_depth));
   if (bench.ours->describe().max_in_flight < max_depth) {
     return fail(ErrorCode::kInvalidArgument,
                 "depth " + std::to_string(max_depth) + " exceeds the provider's queue (" +
                     std::to_string(bench.ours->describe().max_in_flight) + ")");
   }
-  if (Status ok = introduce(bench.ours_target, bench.ours->local_address(), "ours"); !ok) return fail(std::move(ok).error());
+  DMA_TRY(introduce(bench.ours_target, bench.ours->local_address(), "ours"));
 
   FabricRun result;
   for (std::size_t size : options.sizes) {
     for (std::size_t depth : options.depths) {
       progress.start_case("fabric " + options.provider + " " + options.op + " " + format_size(size) +
                           " depth " + std::to_string(depth));
-      auto row = run_case(bench, size, depth);
-      if (!row) return fail(std::move(row).error());
-      result.cases.push_back(std::move(*row));
+      DMA_TRY_ASSIGN(Case row, run_case(bench, size, depth));
+      result.cases.push_back(std::move(row));
       progress.finish_case();
     }
   }
@@ -347,6 +331,7 @@ Result<FabricRun> run_fabric_detailed(const FabricOptions& options, Progress& pr
   bench.ours.reset();
   bench.raw.reset();
   for (TargetChild* child : {&bench.ours_target, &bench.raw_target}) {
+    (void)child->process->write_line("quit");  // it may have exited already: finish() says so
     auto status = child->process->finish(kReplyTimeout);
     if (!status || *status != 0) {
       return fail(ErrorCode::kWorkerGone,
@@ -358,16 +343,13 @@ Result<FabricRun> run_fabric_detailed(const FabricOptions& options, Progress& pr
 }
 
 Result<std::vector<Case>> run_fabric(const FabricOptions& options, Progress& progress) {
-  auto run = run_fabric_detailed(options, progress);
-  if (!run) return fail(std::move(run).error());
-  return std::move(run->cases);
+  DMA_TRY_ASSIGN(FabricRun run, run_fabric_detailed(options, progress));
+  return std::move(run.cases);
 }
 
 void add_fabric_commands(CLI::App& app, int* status) {
   struct Arguments {
     FabricOptions options;
-    std::string sizes = "64,4k,64k,1m,16m";
-    std::string depths = "1,64";
     double seconds = 2.0;
     long target_poll_us = 0;
     bool json = false;
@@ -382,8 +364,8 @@ void add_fabric_commands(CLI::App& app, int* status) {
   fabric->add_option("--provider", arguments->options.provider, "tcp, net, shm, ...")->capture_default_str();
   fabric->add_option("--op", arguments->options.op, "write (fi_writemsg, delivery complete) or read (fi_read)")
       ->capture_default_str();
-  fabric->add_option("--sizes", arguments->sizes, "comma list, k/m/g suffixes")->capture_default_str();
-  fabric->add_option("--depth", arguments->depths, "comma list of operations kept in flight")->capture_default_str();
+  support::add_size_list(*fabric, "--sizes", arguments->options.sizes, "transfer sizes");
+  support::add_count_list(*fabric, "--depth", arguments->options.depths, "operations kept in flight");
   fabric->add_option("--duration", arguments->seconds, "seconds per side per case")->capture_default_str();
   fabric->add_flag("--cold", arguments->options.cold, "cycle through >= 256 MiB so caches are cold");
   fabric->add_option("--bind", arguments->options.bind, "local address for IP providers")->capture_default_str();
@@ -397,18 +379,13 @@ void add_fabric_commands(CLI::App& app, int* status) {
   fabric->add_flag("--progress", arguments->show_progress, "progress lines on stderr even when it is not a terminal");
   fabric->callback([arguments, status] {
     FabricOptions options = arguments->options;
-    auto sizes = parse_sizes(arguments->sizes);
-    auto depths = parse_counts(arguments->depths, "--depth");
-    if (!sizes || !depths || !(arguments->seconds > 0) || arguments->target_poll_us < 0) {
+    if (!(arguments->seconds > 0) || arguments->target_poll_us < 0) {
       std::fprintf(stderr, "dma-bench fabric: %s\n",
-                   !sizes ? sizes.error().message().c_str()
-                   : !depths ? depths.error().message().c_str()
-                             : "--duration and --target-poll-us must be positive");
+                   !(arguments->seconds > 0) ? "--duration must be positive"
+                                             : "--target-poll-us must not be negative");
       *status = 2;
       return;
     }
-    options.sizes = *sizes;
-    options.depths = *depths;
     options.duration = std::chrono::milliseconds(static_cast<long>(arguments->seconds * 1000));
     options.target_poll_interval = std::chrono::microseconds(arguments->target_poll_us);
     std::optional<FabricRun> run;
@@ -427,7 +404,7 @@ void add_fabric_commands(CLI::App& app, int* status) {
       clean = clean && row.ours.errors + row.baseline.errors + row.ours.mismatches + row.baseline.mismatches == 0;
     }
     if (arguments->json) {
-      for (const Case& row : run->cases) std::printf("%s\n", to_json(row).c_str());
+      for (const Case& row : run->cases) std::printf("%s\n", to_json(row).dump().c_str());
     } else {
       std::printf("%s", to_table(run->cases).c_str());
       std::printf("-FI_EAGAIN per completed op (ours / raw):");

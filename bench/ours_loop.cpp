@@ -26,13 +26,11 @@ Result<std::unique_ptr<OursLoop>> OursLoop::start(const Configuration& configura
                                                   std::size_t max_depth) {
   std::unique_ptr<OursLoop> loop(new OursLoop());
   OursLoop* self = loop.get();
-  auto service = FabricService::start(
-      configuration, [self](std::span<Completion> batch) { self->on_batch(batch); }, nullptr);
-  if (!service) return fail(std::move(service).error());
-  loop->service_ = std::move(*service);
-  if (Status added = loop->service_->add_peer(kClient, peer); !added) {
-    return fail(std::move(added).error());
-  }
+  DMA_TRY_ASSIGN(loop->service_,
+                 FabricService::start(
+                     configuration, [self](std::span<Completion> batch) { self->on_batch(batch); },
+                     nullptr));
+  DMA_TRY(loop->service_->add_peer(kClient, peer));
   loop->max_depth_ = max_depth;
   loop->spare_.reserve(max_depth);
   for (std::size_t index = 0; index < max_depth; ++index) {

@@ -31,11 +31,13 @@
 #include <thread>
 #include <vector>
 
-#include "dma/client.hpp"
 #include "commands.hpp"
+#include "dma/client.hpp"
 #include "dma/protocol.hpp"
-#include "pattern.hpp"
-#include "redis_server.hpp"
+#include "support/command_line.hpp"
+#include "support/pattern.hpp"
+#include "support/redis_connection.hpp"
+#include "support/redis_server.hpp"
 
 namespace dma::bench {
 namespace {
@@ -47,64 +49,9 @@ constexpr std::size_t kWorkingSetBytes = std::size_t{64} << 20;
 constexpr std::size_t kMaxKeysPerClient = 64;
 constexpr std::size_t kSamplesPerThread = std::size_t{1} << 18;
 
-struct ReplyDeleter {
-  void operator()(redisReply* reply) const noexcept { freeReplyObject(reply); }
-};
-using Reply = std::unique_ptr<redisReply, ReplyDeleter>;
-
-// A plain hiredis connection: the baseline's client, and the seeding/verification channel.
-// Owned by one thread at a time.
-class Connection {
- public:
-  static Result<std::unique_ptr<Connection>> open(const std::string& host, int port) {
-    const timeval timeout{static_cast<time_t>(kReplyTimeout.count() / 1000), 0};
-    redisContext* context = redisConnectWithTimeout(host.c_str(), port, timeout);
-    if (context == nullptr) return fail(ErrorCode::kResourceExhausted, "cannot allocate hiredis");
-    if (context->err != 0) {
-      std::string message = "cannot connect to " + host + ":" + std::to_string(port) + ": " +
-                            context->errstr;
-      redisFree(context);
-      return fail(ErrorCode::kUnreachable, std::move(message));
-    }
-    redisSetTimeout(context, timeout);
-    return std::unique_ptr<Connection>(new Connection(context));
-  }
-  ~Connection() { redisFree(context_); }
-  Connection(const Connection&) = delete;
-  Connection& operator=(const Connection&) = delete;
-
-  // One command; a transport failure or an error reply is an Error.
-  Result<Reply> command(std::initializer_list<std::string_view> arguments) {
-    return command(std::span<const std::string_view>(arguments.begin(), arguments.size()));
-  }
-  Result<Reply> command(std::span<const std::string_view> arguments) {
-    std::vector<const char*> pointers;
-    std::vector<std::size_t> lengths;
-    for (std::string_view argument : arguments) {
-      pointers.push_back(argument.data());
-      lengths.push_back(argument.size());
-    }
-    Reply reply(static_cast<redisReply*>(redisCommandArgv(
-        context_, static_cast<int>(pointers.size()), pointers.data(), lengths.data())));
-    if (!reply) {
-      return fail(ErrorCode::kUnreachable, std::string("redis connection failed: ") +
-                                               context_->errstr);
-    }
-    if (reply->type == REDIS_REPLY_ERROR) {
-      return fail(ErrorCode::kInvalidArgument,
-                  std::string(arguments.front()) + ": " + std::string(reply->str, reply->len));
-    }
-    return reply;
-  }
-
- private:
-  explicit Connection(redisContext* context) : context_(context) {}
-  redisContext* context_;
-};
-
-std::string_view as_text(std::span<const std::byte> bytes) {
-  return {reinterpret_cast<const char*>(bytes.data()), bytes.size()};
-}
+using support::as_text;
+using support::RedisConnection;
+using support::RedisServer;
 
 // One benchmark client: a dma::Client and a plain connection, used by one thread per phase.
 // With `--registration once` the client's buffers are exposed once per case and it uses
@@ -112,7 +59,7 @@ std::string_view as_text(std::span<const std::byte> bytes) {
 struct Peer {
   std::unique_ptr<Client> dma;
   bool expose_once = false;
-  std::unique_ptr<Connection> plain;
+  std::unique_ptr<RedisConnection> plain;  // the baseline's client, seeding and read-back
 };
 
 // A client's share of one case: its keys, its two pattern values, which value each key holds,
@@ -309,33 +256,27 @@ Result<Share> make_share(Peer& peer, std::size_t size, std::size_t keys, std::si
   Share share;
   share.landing.resize(size);
   for (std::uint32_t value = 0; value < 2; ++value) {
-    share.values.push_back(tools::make_pattern(size, seed + value));
+    share.values.push_back(support::make_pattern(size, seed + value));
     share.value_crcs.push_back(crc32c(share.values.back()));
   }
   for (std::size_t index = 0; index < keys; ++index) {
     share.keys.push_back(key_prefix(size, client) + std::to_string(index));
     share.holds.push_back(index % 2);
-    auto stored = peer.plain->command({"SET", share.keys.back(), as_text(share.values[index % 2])});
-    if (!stored) return fail(std::move(stored).error());
+    DMA_TRY(peer.plain->command({"SET", share.keys.back(), as_text(share.values[index % 2])}));
   }
   if (peer.expose_once) {
-    auto landing = peer.dma->target().expose(share.landing.data(), share.landing.size());
-    if (!landing) return fail(std::move(landing).error());
-    share.landing_exposed = std::move(*landing);
+    DMA_TRY_ASSIGN(share.landing_exposed,
+                   peer.dma->target().expose(share.landing.data(), share.landing.size()));
     for (auto& value : share.values) {
-      auto exposed = peer.dma->target().expose(value.data(), value.size());
-      if (!exposed) return fail(std::move(exposed).error());
-      share.values_exposed.push_back(std::move(*exposed));
+      DMA_TRY_ASSIGN(Exposed exposed, peer.dma->target().expose(value.data(), value.size()));
+      share.values_exposed.push_back(std::move(exposed));
     }
   }
   return share;
 }
 
 Status delete_share(Peer& peer, const Share& share) {
-  for (const std::string& key : share.keys) {
-    auto deleted = peer.plain->command({"DEL", key});
-    if (!deleted) return fail(std::move(deleted).error());
-  }
+  for (const std::string& key : share.keys) DMA_TRY(peer.plain->command({"DEL", key}));
   return {};
 }
 
@@ -367,10 +308,9 @@ Result<Case> run_case(const RedisOptions& options, const std::string& op, std::s
       std::clamp<std::size_t>(kWorkingSetBytes / (size * clients), 1, kMaxKeysPerClient);
   std::vector<Share> shares;
   for (std::size_t client = 0; client < clients; ++client) {
-    auto share = make_share(peers[client], size, keys, client,
-                            static_cast<std::uint32_t>(size * 7 + client * 131));
-    if (!share) return fail(std::move(share).error());
-    shares.push_back(std::move(*share));
+    DMA_TRY_ASSIGN(Share share, make_share(peers[client], size, keys, client,
+                                           static_cast<std::uint32_t>(size * 7 + client * 131)));
+    shares.push_back(std::move(share));
   }
 
   // Unmeasured: one op of each kind per client (a fabric connection is set up on first use).
@@ -405,9 +345,7 @@ Result<Case> run_case(const RedisOptions& options, const std::string& op, std::s
     }
   }
   for (std::size_t client = 0; client < clients; ++client) {
-    if (Status deleted = delete_share(peers[client], shares[client]); !deleted) {
-      return fail(std::move(deleted).error());
-    }
+    DMA_TRY(delete_share(peers[client], shares[client]));
   }
   row.ours = finish(dma_side, dma_seconds);
   row.baseline = finish(plain_side, plain_seconds);
@@ -422,10 +360,10 @@ Configuration client_configuration(const std::string& provider) {
   return configuration;
 }
 
-Result<std::unique_ptr<tools::RedisServer>> start_server(const std::string& provider) {
-  tools::RedisServer::Options server_options;
+Result<std::unique_ptr<RedisServer>> start_server(const std::string& provider) {
+  RedisServer::Options server_options;
   server_options.module_arguments = {"providers", provider, "bind", "127.0.0.1"};
-  return tools::RedisServer::start(server_options);
+  return RedisServer::start(server_options);
 }
 
 Result<std::vector<Peer>> connect_peers(const std::string& host, int port,
@@ -434,31 +372,35 @@ Result<std::vector<Peer>> connect_peers(const std::string& host, int port,
   std::vector<Peer> peers;
   for (std::size_t index = 0; index < count; ++index) {
     Peer peer;
-    auto client = Client::connect(host, port, client_configuration(provider),
-                                  Client::Options{kReplyTimeout});
-    if (!client) return fail(std::move(client).error());
-    if (Status said = (*client)->hello(); !said) return fail(std::move(said).error());
-    peer.dma = std::move(*client);
+    DMA_TRY_ASSIGN(peer.dma, Client::connect(host, port, client_configuration(provider),
+                                             Client::Options{kReplyTimeout}));
+    DMA_TRY(peer.dma->hello());
     peer.expose_once = expose_once;
-    auto plain = Connection::open(host, port);
-    if (!plain) return fail(std::move(plain).error());
-    peer.plain = std::move(*plain);
+    DMA_TRY_ASSIGN(peer.plain, RedisConnection::open(host, port, kReplyTimeout));
     peers.push_back(std::move(peer));
   }
   return peers;
 }
 
-// A numeric field of INFO (e.g. "used_memory_rss"), or nullopt.
-std::optional<std::uint64_t> info_field(Connection& connection, std::string_view section,
-                                        std::string_view name) {
-  auto reply = connection.command({"INFO", section});
-  if (!reply || (*reply)->type != REDIS_REPLY_STRING) return std::nullopt;
-  const std::string text((*reply)->str, (*reply)->len);
-  const std::string label = std::string(name) + ":";
-  std::size_t at = text.find("\n" + label);
-  if (at == std::string::npos) return std::nullopt;
-  at += 1 + label.size();
-  return std::strtoull(text.c_str() + at, nullptr, 10);
+// What a run talks to: the server started here (none with --host) and `count` peers connected
+// to it. Declaration order: the peers disconnect before the server stops.
+struct Connected {
+  std::unique_ptr<RedisServer> server;
+  std::vector<Peer> peers;
+};
+
+Result<Connected> connect_run(const RedisOptions& options, std::size_t count) {
+  Connected connected;
+  std::string host = options.host;
+  int port = options.port;
+  if (host.empty()) {
+    DMA_TRY_ASSIGN(connected.server, start_server(options.provider));
+    host = connected.server->host();
+    port = connected.server->port();
+  }
+  DMA_TRY_ASSIGN(connected.peers,
+                 connect_peers(host, port, options.provider, count, options.expose_once));
+  return connected;
 }
 
 }  // namespace
@@ -472,27 +414,16 @@ Result<std::vector<Case>> run_redis(const RedisOptions& options, Progress& progr
       return fail(ErrorCode::kInvalidArgument, "op '" + op + "' is neither get nor set");
     }
   }
-  std::unique_ptr<tools::RedisServer> server;
-  std::string host = options.host;
-  int port = options.port;
-  if (host.empty()) {
-    auto started = start_server(options.provider);
-    if (!started) return fail(std::move(started).error());
-    server = std::move(*started);
-    host = server->host();
-    port = server->port();
-  }
   const std::size_t most = *std::max_element(options.clients.begin(), options.clients.end());
-  auto peers = connect_peers(host, port, options.provider, most, options.expose_once);
-  if (!peers) return fail(std::move(peers).error());
+  DMA_TRY_ASSIGN(Connected connected, connect_run(options, most));
 
   std::vector<Case> rows;
   for (const std::string& op : options.ops) {
     for (const std::size_t size : options.sizes) {
       for (const std::size_t clients : options.clients) {
-        auto row = run_case(options, op, size, clients, *peers, progress);
-        if (!row) return fail(std::move(row).error());
-        rows.push_back(std::move(*row));
+        DMA_TRY_ASSIGN(Case row,
+                       run_case(options, op, size, clients, connected.peers, progress));
+        rows.push_back(std::move(row));
       }
     }
   }
@@ -505,51 +436,39 @@ namespace {
 // used_memory_rss) before, during (after each tenth) and after N 4 KiB DMA.GETs on one client,
 // after a warm-up of N/10, so allocator growth that settles is not counted as a leak.
 Status memory_check(const RedisOptions& options, std::uint64_t count, Progress& progress) {
-  std::unique_ptr<tools::RedisServer> server;
-  std::string host = options.host;
-  int port = options.port;
-  if (host.empty()) {
-    auto started = start_server(options.provider);
-    if (!started) return fail(std::move(started).error());
-    server = std::move(*started);
-    host = server->host();
-    port = server->port();
-  }
-  auto peers = connect_peers(host, port, options.provider, 1, options.expose_once);
-  if (!peers) return fail(std::move(peers).error());
-  Peer& peer = (*peers)[0];
-  auto share = make_share(peer, 4096, kMaxKeysPerClient, 0, 4242);
-  if (!share) return fail(std::move(share).error());
+  DMA_TRY_ASSIGN(Connected connected, connect_run(options, 1));
+  Peer& peer = connected.peers[0];
+  DMA_TRY_ASSIGN(Share share, make_share(peer, 4096, kMaxKeysPerClient, 0, 4242));
   Tally tally;
   auto run = [&](std::uint64_t operations) -> Status {
     for (std::uint64_t done = 0; done < operations; ++done) {
-      if (!one_operation(Kind::kDma, true, peer, *share, tally)) {
+      if (!one_operation(Kind::kDma, true, peer, share, tally)) {
         return fail(ErrorCode::kFabric, tally.first_problem);
       }
     }
     return {};
   };
   auto rss = [&]() -> std::uint64_t {
-    if (server) return server->rss_bytes().value_or(0);
-    return info_field(*peer.plain, "memory", "used_memory_rss").value_or(0);
+    if (connected.server) return connected.server->rss_bytes().value_or(0);
+    return static_cast<std::uint64_t>(peer.plain->info_field("memory", "used_memory_rss").value_or(0));
   };
   progress.note("memory check: warm-up of " + std::to_string(count / 10) + " DMA.GETs of 4k");
-  if (Status warmed = run(count / 10); !warmed) return warmed;
+  DMA_TRY(run(count / 10));
   const std::uint64_t before = rss();
-  const auto used_before = info_field(*peer.plain, "memory", "used_memory").value_or(0);
+  const auto used_before = peer.plain->info_field("memory", "used_memory").value_or(0);
   progress.note("memory check: " + std::to_string(count) + " DMA.GETs of 4k");
   // RSS after each tenth: a leak grows in steps with the count, allocator growth levels off.
   std::string samples = std::to_string(before >> 10);
   const auto started = Clock::now();
   for (std::uint64_t tenth = 0; tenth < 10; ++tenth) {
     const std::uint64_t chunk = count / 10 + (tenth < count % 10 ? 1 : 0);
-    if (Status ran = run(chunk); !ran) return ran;
+    DMA_TRY(run(chunk));
     samples += " " + std::to_string(rss() >> 10);
     progress.note("memory check: " + std::to_string(tenth + 1) + "/10, server RSS KiB: " + samples);
   }
   const double seconds = std::chrono::duration<double>(Clock::now() - started).count();
   const std::uint64_t after = rss();
-  const auto used_after = info_field(*peer.plain, "memory", "used_memory").value_or(0);
+  const auto used_after = peer.plain->info_field("memory", "used_memory").value_or(0);
   std::printf(
       "memory check (%s): %llu DMA.GETs of 4k in %.1f s (%.0f ops/s), %llu mismatches; "
       "server RSS %.1f MiB -> %.1f MiB (%+.1f MiB), used_memory %.1f MiB -> %.1f MiB; "
@@ -560,7 +479,7 @@ Status memory_check(const RedisOptions& options, std::uint64_t count, Progress& 
       (static_cast<double>(after) - static_cast<double>(before)) / 1048576.0,
       used_before / 1048576.0, used_after / 1048576.0, samples.c_str());
   std::fflush(stdout);
-  if (Status deleted = delete_share(peer, *share); !deleted) return deleted;
+  DMA_TRY(delete_share(peer, share));
   if (tally.mismatches != 0) {
     return fail(ErrorCode::kCorrupted, std::to_string(tally.mismatches) + " mismatches");
   }
@@ -574,9 +493,6 @@ void add_redis_command(CLI::App& app, int* status) {
       "redis", "DMA.GET/DMA.SET through the module against plain GET/SET, verified by CRC32C");
   struct Arguments {
     RedisOptions options;
-    std::string clients = "1";
-    std::string sizes = "4k,1m,16m";
-    std::string ops = "get,set";
     double duration_s = 2;
     bool json = false;
     std::string registration = "per-op";
@@ -585,11 +501,12 @@ void add_redis_command(CLI::App& app, int* status) {
   auto arguments = std::make_shared<Arguments>();
   command->add_option("--provider", arguments->options.provider, "tcp, net, shm, ...")
       ->capture_default_str();
-  command->add_option("--clients", arguments->clients, "client counts, e.g. 1,4")
+  support::add_count_list(*command, "--clients", arguments->options.clients, "client counts");
+  support::add_size_list(*command, "--sizes", arguments->options.sizes, "value sizes");
+  command->add_option("--ops", arguments->options.ops, "get, set or both (comma-separated)")
+      ->delimiter(',')
+      ->check(CLI::IsMember({"get", "set"}))
       ->capture_default_str();
-  command->add_option("--sizes", arguments->sizes, "value sizes (k, m, g suffixes)")
-      ->capture_default_str();
-  command->add_option("--ops", arguments->ops, "get,set")->capture_default_str();
   command->add_option("--duration", arguments->duration_s, "seconds per side per case")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
@@ -613,29 +530,6 @@ void add_redis_command(CLI::App& app, int* status) {
     }
     a.options.duration = std::chrono::milliseconds(static_cast<long>(a.duration_s * 1000));
     a.options.expose_once = a.registration == "once";
-    auto sizes = parse_sizes(a.sizes);
-    auto clients = parse_counts(a.clients, "--clients");
-    if (!sizes || !clients) {
-      std::cerr << "dma-bench redis: "
-                << (sizes ? clients.error().message() : sizes.error().message()) << "\n";
-      *status = 2;
-      return;
-    }
-    a.options.sizes = *sizes;
-    a.options.clients = *clients;
-    a.options.ops.clear();
-    for (std::size_t start = 0; start <= a.ops.size();) {
-      const std::size_t end = std::min(a.ops.find(',', start), a.ops.size());
-      a.options.ops.push_back(a.ops.substr(start, end - start));
-      start = end + 1;
-    }
-    for (const std::string& op : a.options.ops) {
-      if (op != "get" && op != "set") {
-        std::cerr << "dma-bench redis: --ops: '" << op << "' is neither get nor set\n";
-        *status = 2;
-        return;
-      }
-    }
     if (a.memory_check > 0) {
       Progress progress(1);
       Status checked = memory_check(a.options, a.memory_check, progress);
@@ -657,7 +551,7 @@ void add_redis_command(CLI::App& app, int* status) {
       rows = std::move(*ran);
     }
     if (a.json) {
-      for (const Case& row : rows) std::printf("%s\n", to_json(row).c_str());
+      for (const Case& row : rows) std::printf("%s\n", to_json(row).dump().c_str());
     } else {
       std::printf("%s", to_table(rows).c_str());
     }

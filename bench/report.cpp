@@ -3,7 +3,6 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <charconv>
 #include <cmath>
 #include <cstdio>
 #include <limits>
@@ -13,34 +12,6 @@ namespace {
 
 constexpr std::size_t kMiB = std::size_t{1} << 20;
 
-std::string_view trim(std::string_view text) {
-  while (!text.empty() && (text.front() == ' ' || text.front() == '\t')) text.remove_prefix(1);
-  while (!text.empty() && (text.back() == ' ' || text.back() == '\t')) text.remove_suffix(1);
-  return text;
-}
-
-// Splits on ',' keeping empty entries, so "64,,4k" is an error rather than silently "64,4k".
-std::vector<std::string_view> split_commas(std::string_view text) {
-  std::vector<std::string_view> parts;
-  while (true) {
-    const auto comma = text.find(',');
-    parts.push_back(trim(text.substr(0, comma)));
-    if (comma == std::string_view::npos) return parts;
-    text.remove_prefix(comma + 1);
-  }
-}
-
-Result<std::uint64_t> parse_unsigned(std::string_view digits, std::string_view entry,
-                                     std::string_view what) {
-  std::uint64_t value = 0;
-  const auto [end, error] = std::from_chars(digits.data(), digits.data() + digits.size(), value);
-  if (digits.empty() || error != std::errc{} || end != digits.data() + digits.size()) {
-    return fail(ErrorCode::kInvalidArgument,
-                std::string(what) + ": '" + std::string(entry) + "' is not an unsigned number");
-  }
-  return value;
-}
-
 // A number printed for people: fixed decimals, no exponent.
 std::string fixed(double value, int decimals) {
   char text[64];
@@ -48,47 +19,26 @@ std::string fixed(double value, int decimals) {
   return text;
 }
 
-// JSON has no NaN/Inf; a ratio against a zero baseline is written as null.
-std::string json_number(double value, int decimals) {
-  if (!std::isfinite(value)) return "null";
-  return fixed(value, decimals);
+// `value` rounded to `decimals` places, as a JSON number; JSON has no NaN or Inf, so a ratio
+// against a zero baseline is null.
+nlohmann::ordered_json rounded(double value, int decimals) {
+  if (!std::isfinite(value)) return nullptr;
+  const double scale = std::pow(10.0, decimals);
+  return std::round(value * scale) / scale;
 }
 
-std::string json_string(std::string_view text) {
-  std::string out = "\"";
-  for (const char c : text) {
-    switch (c) {
-      case '"': out += "\\\""; break;
-      case '\\': out += "\\\\"; break;
-      case '\n': out += "\\n"; break;
-      case '\t': out += "\\t"; break;
-      default:
-        if (static_cast<unsigned char>(c) < 0x20) {
-          char escaped[8];
-          std::snprintf(escaped, sizeof escaped, "\\u%04x", static_cast<unsigned>(c));
-          out += escaped;
-        } else {
-          out += c;
-        }
-    }
-  }
-  return out + "\"";
-}
-
-// The measurement's fields, without braces, shared by ours and the baseline.
-std::string measurement_fields(const Measurement& m) {
-  std::string out;
-  out += "\"ops_per_s\":" + json_number(m.ops_per_s(), 1);
-  out += ",\"gbps\":" + json_number(m.gbps(), 4);
-  out += ",\"p50_us\":" + json_number(m.p50_us, 2);
-  out += ",\"p99_us\":" + json_number(m.p99_us, 2);
-  out += ",\"operations\":" + std::to_string(m.operations);
-  out += ",\"seconds\":" + json_number(m.seconds, 3);
-  out += ",\"errors\":" + std::to_string(m.errors);
-  out += ",\"mismatches\":" + std::to_string(m.mismatches);
-  if (m.allocations_per_op) out += ",\"allocations_per_op\":" + json_number(*m.allocations_per_op, 3);
-  if (m.eagain) out += ",\"eagain\":" + std::to_string(*m.eagain);
-  return out;
+// The measurement's fields, shared by ours and the baseline, added to `out`.
+void add_measurement(nlohmann::ordered_json& out, const Measurement& m) {
+  out["ops_per_s"] = rounded(m.ops_per_s(), 1);
+  out["gbps"] = rounded(m.gbps(), 4);
+  out["p50_us"] = rounded(m.p50_us, 2);
+  out["p99_us"] = rounded(m.p99_us, 2);
+  out["operations"] = m.operations;
+  out["seconds"] = rounded(m.seconds, 3);
+  out["errors"] = m.errors;
+  out["mismatches"] = m.mismatches;
+  if (m.allocations_per_op) out["allocations_per_op"] = rounded(*m.allocations_per_op, 3);
+  if (m.eagain) out["eagain"] = *m.eagain;
 }
 
 std::string count_column(const Case& row) {
@@ -139,44 +89,6 @@ double Case::ratio() const {
 
 std::string Case::ratio_basis() const { return size >= kMiB ? "GB/s" : "ops/s"; }
 
-Result<std::vector<std::size_t>> parse_sizes(std::string_view text) {
-  std::vector<std::size_t> sizes;
-  for (const auto entry : split_commas(text)) {
-    if (entry.empty()) return fail(ErrorCode::kInvalidArgument, "sizes: empty entry in '" + std::string(text) + "'");
-    std::string_view digits = entry;
-    unsigned shift = 0;
-    switch (digits.back()) {
-      case 'k': case 'K': shift = 10; break;
-      case 'm': case 'M': shift = 20; break;
-      case 'g': case 'G': shift = 30; break;
-      default: break;
-    }
-    if (shift != 0) digits.remove_suffix(1);
-    auto value = parse_unsigned(digits, entry, "sizes");
-    if (!value) return fail(std::move(value).error());
-    if (*value == 0) return fail(ErrorCode::kInvalidArgument, "sizes: '" + std::string(entry) + "' is zero");
-    if (*value > (std::numeric_limits<std::size_t>::max() >> shift)) {
-      return fail(ErrorCode::kInvalidArgument, "sizes: '" + std::string(entry) + "' is too large");
-    }
-    sizes.push_back(static_cast<std::size_t>(*value) << shift);
-  }
-  return sizes;
-}
-
-Result<std::vector<std::size_t>> parse_counts(std::string_view text, std::string_view what) {
-  std::vector<std::size_t> counts;
-  for (const auto entry : split_commas(text)) {
-    if (entry.empty()) {
-      return fail(ErrorCode::kInvalidArgument, std::string(what) + ": empty entry in '" + std::string(text) + "'");
-    }
-    auto value = parse_unsigned(entry, entry, what);
-    if (!value) return fail(std::move(value).error());
-    if (*value == 0) return fail(ErrorCode::kInvalidArgument, std::string(what) + ": '" + std::string(entry) + "' must be at least 1");
-    counts.push_back(static_cast<std::size_t>(*value));
-  }
-  return counts;
-}
-
 std::string format_size(std::size_t bytes) {
   if (bytes >= (std::size_t{1} << 30) && bytes % (std::size_t{1} << 30) == 0) return std::to_string(bytes >> 30) + "g";
   if (bytes >= kMiB && bytes % kMiB == 0) return std::to_string(bytes >> 20) + "m";
@@ -184,21 +96,23 @@ std::string format_size(std::size_t bytes) {
   return std::to_string(bytes);
 }
 
-std::string to_json(const Case& row) {
-  std::string out = "{";
-  out += "\"mode\":" + json_string(row.mode);
-  out += ",\"provider\":" + json_string(row.provider);
-  out += ",\"op\":" + json_string(row.op);
-  out += ",\"size\":" + std::to_string(row.size);
-  if (row.depth) out += ",\"depth\":" + std::to_string(*row.depth);
-  if (row.clients) out += ",\"clients\":" + std::to_string(*row.clients);
-  out += ",\"label\":" + json_string(row.label);
-  out += "," + measurement_fields(row.ours);
-  out += ",\"baseline\":{\"label\":" + json_string(row.baseline_label) + "," +
-         measurement_fields(row.baseline) + "}";
-  out += ",\"ratio\":" + json_number(row.ratio(), 3);
-  out += ",\"ratio_basis\":" + json_string(row.ratio_basis());
-  return out + "}";
+nlohmann::ordered_json to_json(const Case& row) {
+  nlohmann::ordered_json out;
+  out["mode"] = row.mode;
+  out["provider"] = row.provider;
+  out["op"] = row.op;
+  out["size"] = row.size;
+  if (row.depth) out["depth"] = *row.depth;
+  if (row.clients) out["clients"] = *row.clients;
+  out["label"] = row.label;
+  add_measurement(out, row.ours);
+  nlohmann::ordered_json baseline;
+  baseline["label"] = row.baseline_label;
+  add_measurement(baseline, row.baseline);
+  out["baseline"] = std::move(baseline);
+  out["ratio"] = rounded(row.ratio(), 3);
+  out["ratio_basis"] = row.ratio_basis();
+  return out;
 }
 
 std::string to_table(const std::vector<Case>& rows) {

@@ -14,6 +14,8 @@
 #include <string_view>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "dma/result.hpp"
 
 namespace dma::bench {
@@ -69,18 +71,14 @@ struct Case {
   std::string ratio_basis() const;  // "GB/s" or "ops/s"
 };
 
-// "64,4k,64k,1m,16m" -> bytes (k/m/g suffixes, powers of 1024). Strict: a bad entry fails,
-// naming it.
-Result<std::vector<std::size_t>> parse_sizes(std::string_view text);
-// "1,64" -> counts (each >= 1).
-Result<std::vector<std::size_t>> parse_counts(std::string_view text, std::string_view what);
 // 65536 -> "64k", 1048576 -> "1m", 100 -> "100".
 std::string format_size(std::size_t bytes);
 
-// One JSON object on one line: mode, provider, op, size, depth|clients, ops_per_s, gbps,
-// p50_us, p99_us, errors, mismatches, allocations_per_op (when known), baseline {same fields},
-// ratio, ratio_basis.
-std::string to_json(const Case& row);
+// One JSON object, fields in this order (print it with dump(), one line): mode, provider, op, size, depth|clients,
+// label, ops_per_s, gbps, p50_us, p99_us, operations, seconds, errors, mismatches,
+// allocations_per_op and eagain (when known), baseline {label, same fields}, ratio (null
+// against a zero baseline), ratio_basis.
+nlohmann::ordered_json to_json(const Case& row);
 // A fixed-width table for a terminal (header included).
 std::string to_table(const std::vector<Case>& rows);
 // A GitHub Markdown table (header included).

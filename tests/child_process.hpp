@@ -1,113 +1,76 @@
-// A child process for tests: pipes on its stdin and stdout, line-oriented reads with deadlines
-// (poll), and a destructor that kills and reaps it, so no test leaves a process behind.
+// Child: support::ChildProcess (support/child_process.hpp) for tests. The same process with
+// pipes on its stdin and stdout and deadlines on every read, but a failure is a test failure
+// (ADD_FAILURE) instead of a Result, and the destructor gives the child kExitGrace to exit on
+// EOF before killing it, so no test leaves a process behind.
+//
+// Ownership: owns the child. Thread-safety: none; the test's thread.
 #pragma once
 
 #include <gtest/gtest.h>
 
-#include <fcntl.h>
-#include <poll.h>
-#include <signal.h>
-#include <spawn.h>
-#include <sys/syscall.h>
-#include <sys/wait.h>
-#include <unistd.h>
-
-#include <cerrno>
 #include <chrono>
-#include <cstring>
+#include <memory>
 #include <string>
 #include <vector>
 
-extern char** environ;
+#include "support/child_process.hpp"
 
 namespace dma::testing {
 
 inline constexpr auto kReplyDeadline = std::chrono::seconds(30);
 
-// A child process with pipes on its stdin and stdout (and stderr merged into stdout if asked).
-// The destructor kills and reaps it unless finish() already has.
 class Child {
  public:
-  Child(const std::vector<std::string>& argv, bool merge_stderr = false) {
-    ::signal(SIGPIPE, SIG_IGN);  // a dead child must fail our write, not kill the test
-    int to_child[2];
-    int from_child[2];
-    if (pipe2(to_child, O_CLOEXEC) != 0 || pipe2(from_child, O_CLOEXEC) != 0) {
-      ADD_FAILURE() << "pipe2: " << std::strerror(errno);
+  static constexpr auto kExitGrace = std::chrono::seconds(2);
+
+  explicit Child(const std::vector<std::string>& argv, bool merge_stderr = false) {
+    support::ChildProcess::Options options;
+    options.merge_stderr = merge_stderr;
+    options.exit_grace = kExitGrace;
+    auto spawned = support::ChildProcess::spawn(argv, options);
+    if (!spawned) {
+      ADD_FAILURE() << spawned.error().describe();
       return;
     }
-    posix_spawn_file_actions_t actions;
-    posix_spawn_file_actions_init(&actions);
-    posix_spawn_file_actions_adddup2(&actions, to_child[0], STDIN_FILENO);
-    posix_spawn_file_actions_adddup2(&actions, from_child[1], STDOUT_FILENO);
-    if (merge_stderr) posix_spawn_file_actions_adddup2(&actions, from_child[1], STDERR_FILENO);
-    std::vector<char*> args;
-    for (const std::string& arg : argv) args.push_back(const_cast<char*>(arg.c_str()));
-    args.push_back(nullptr);
-    const int spawned = posix_spawn(&pid_, args[0], &actions, nullptr, args.data(), environ);
-    posix_spawn_file_actions_destroy(&actions);
-    ::close(to_child[0]);
-    ::close(from_child[1]);
-    to_child_ = to_child[1];
-    from_child_ = from_child[0];
-    if (spawned != 0) {
-      pid_ = -1;
-      ADD_FAILURE() << "cannot start " << argv[0] << ": " << std::strerror(spawned);
-    }
+    child_ = std::move(*spawned);
   }
-  // Closes the child's stdin (our tools exit on EOF, cleaning up after themselves: shm unlinks
-  // its /dev/shm region) and waits up to kExitGrace for it to exit before killing it.
-  ~Child() {
-    close_input();
-    if (from_child_ >= 0) ::close(from_child_);
-    if (pid_ > 0) {
-      if (!exits_within(kExitGrace)) ::kill(pid_, SIGKILL);
-      int status = 0;
-      while (::waitpid(pid_, &status, 0) < 0 && errno == EINTR) {
-      }
-    }
-  }
-  static constexpr auto kExitGrace = std::chrono::seconds(2);
-  Child(const Child&) = delete;
-  Child& operator=(const Child&) = delete;
 
-  bool running() const { return pid_ > 0; }
-  pid_t pid() const { return pid_; }
+  // True from a successful start until finish() or kill_now().
+  bool running() const { return child_ != nullptr && !ended_; }
+  pid_t pid() const { return child_ ? child_->pid() : -1; }
 
   // Kills the child now (SIGKILL) and reaps it: a crash, as far as its peers can tell.
   void kill_now() {
-    if (pid_ <= 0) return;
-    ::kill(pid_, SIGKILL);
-    int status = 0;
-    while (::waitpid(pid_, &status, 0) < 0 && errno == EINTR) {
-    }
-    pid_ = -1;
+    if (!child_) return;
+    child_->kill_now();
+    ended_ = true;
   }
 
   void write_line(const std::string& line) {
-    const std::string framed = line + "\n";
-    ASSERT_EQ(static_cast<ssize_t>(framed.size()), ::write(to_child_, framed.data(), framed.size()))
-        << std::strerror(errno);
+    if (!child_) {
+      ADD_FAILURE() << "no child to write to";
+      return;
+    }
+    Status written = child_->write_line(line);
+    EXPECT_TRUE(written) << written.error().describe();
   }
   void close_input() {
-    if (to_child_ >= 0) ::close(to_child_);
-    to_child_ = -1;
+    if (child_) child_->close_input();
   }
 
   // The next line of output, or "" with a test failure at the deadline or EOF.
   std::string read_line(std::chrono::milliseconds deadline = kReplyDeadline) {
-    const auto until = std::chrono::steady_clock::now() + deadline;
-    while (true) {
-      if (const auto end = pending_.find('\n'); end != std::string::npos) {
-        std::string line = pending_.substr(0, end);
-        pending_.erase(0, end + 1);
-        return line;
-      }
-      if (!read_some(until)) {
-        ADD_FAILURE() << "no line from the child (so far: '" << pending_ << "')";
-        return {};
-      }
+    if (!child_) {
+      ADD_FAILURE() << "no child to read from";
+      return {};
     }
+    auto line = child_->read_line(deadline);
+    if (!line) {
+      ADD_FAILURE() << "no line from the child (" << line.error().describe() << "; so far: '"
+                    << child_->pending_output() << "')";
+      return {};
+    }
+    return std::move(*line);
   }
 
   std::string ask(const std::string& command) {
@@ -116,65 +79,25 @@ class Child {
   }
 
   // Closes stdin, collects all output until EOF (at most `deadline`), reaps the child and
-  // returns its exit status (-1 on timeout; the destructor then kills it).
+  // returns its exit status (-1, with a test failure, on timeout; the destructor then kills it).
   int finish(std::string* output = nullptr, std::chrono::milliseconds deadline = kReplyDeadline) {
-    close_input();
-    const auto until = std::chrono::steady_clock::now() + deadline;
-    while (read_some(until)) {
-    }
-    if (output) *output = pending_;
-    if (!eof_) {
-      ADD_FAILURE() << "the child did not exit before the deadline";
+    if (!child_) {
+      ADD_FAILURE() << "no child to finish";
       return -1;
     }
-    int status = 0;
-    while (::waitpid(pid_, &status, 0) < 0 && errno == EINTR) {
+    auto status = child_->finish(deadline);
+    if (output) *output = child_->pending_output();
+    if (!status) {
+      ADD_FAILURE() << "the child did not exit before the deadline: " << status.error().describe();
+      return -1;
     }
-    pid_ = -1;
-    return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+    ended_ = true;
+    return *status;
   }
 
  private:
-  // True once the child has exited (not yet reaped), waiting at most `grace` (a pidfd polled
-  // with that deadline).
-  bool exits_within(std::chrono::milliseconds grace) const {
-    const int pidfd = static_cast<int>(::syscall(SYS_pidfd_open, pid_, 0));
-    if (pidfd < 0) return false;
-    pollfd exited{pidfd, POLLIN, 0};
-    int polled = 0;
-    do {
-      polled = ::poll(&exited, 1, static_cast<int>(grace.count()));
-    } while (polled < 0 && errno == EINTR);
-    ::close(pidfd);
-    return polled > 0;
-  }
-
-  // Appends available output to pending_; false at EOF or the deadline.
-  bool read_some(std::chrono::steady_clock::time_point until) {
-    while (!eof_) {
-      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(until - std::chrono::steady_clock::now());
-      if (left.count() <= 0) return false;
-      pollfd ready{from_child_, POLLIN, 0};
-      const int polled = ::poll(&ready, 1, static_cast<int>(left.count()));
-      if (polled <= 0) continue;  // EINTR or the deadline: rechecked above
-      char chunk[4096];
-      const ssize_t got = ::read(from_child_, chunk, sizeof(chunk));
-      if (got < 0 && errno == EINTR) continue;
-      if (got <= 0) {
-        eof_ = true;
-        return false;
-      }
-      pending_.append(chunk, static_cast<std::size_t>(got));
-      return true;
-    }
-    return false;
-  }
-
-  pid_t pid_ = -1;
-  int to_child_ = -1;
-  int from_child_ = -1;
-  std::string pending_;
-  bool eof_ = false;
+  std::unique_ptr<support::ChildProcess> child_;
+  bool ended_ = false;
 };
 
 }  // namespace dma::testing

@@ -1,4 +1,6 @@
 // Shared test fixtures: byte buffers as transfer contexts, a completion collector, patterns.
+// The pattern and the buffer are the support library's (support/), which the tools and the
+// benchmark use too, so a seed means the same bytes everywhere.
 #pragma once
 
 #include <gtest/gtest.h>
@@ -18,6 +20,8 @@
 #include "dma/configuration.hpp"
 #include "dma/protocol.hpp"
 #include "dma/service.hpp"
+#include "support/owned_bytes.hpp"
+#include "support/pattern.hpp"
 
 namespace dma::testing {
 
@@ -32,33 +36,12 @@ inline Configuration loopback(const std::string& provider) {
 
 // Deterministic bytes: a different pattern per seed, so misplaced bytes are caught.
 inline std::vector<std::byte> pattern(std::size_t length, std::uint32_t seed) {
-  std::vector<std::byte> bytes(length);
-  std::uint32_t state = seed * 2654435761u + 1;
-  for (std::size_t index = 0; index < length; ++index) {
-    state ^= state << 13;
-    state ^= state >> 17;
-    state ^= state << 5;
-    bytes[index] = static_cast<std::byte>(state);
-  }
-  return bytes;
+  return support::make_pattern(length, seed);
 }
 
-// A transfer context owning its bytes: the source for a write, the landing buffer for a read.
-class Buffer : public Operands {
- public:
-  explicit Buffer(std::vector<std::byte> initial = {}, std::uint64_t label = 0)
-      : bytes(std::move(initial)), tag(label) {}
-  std::span<const std::byte> source() override {
-    static const std::byte empty{};
-    return bytes.empty() ? std::span<const std::byte>(&empty, 0) : std::span<const std::byte>(bytes);
-  }
-  std::span<std::byte> allocate(std::size_t length) override {
-    bytes.resize(length);
-    return bytes;
-  }
-  std::vector<std::byte> bytes;
-  std::uint64_t tag;
-};
+// A transfer context owning its bytes: the source for a write, the landing buffer for a read
+// (public `bytes` and `tag`).
+using Buffer = support::OwnedBytes;
 
 // Collects completions from the batch completer; thread-safe.
 class Collector {

@@ -4,33 +4,21 @@
 // reaped when its test ends, pass or fail.
 #include <gtest/gtest.h>
 
-#include <fcntl.h>
-#include <poll.h>
-#include <signal.h>
-#include <spawn.h>
-#include <sys/wait.h>
-#include <unistd.h>
-
-#include <cerrno>
 #include <chrono>
-#include <cstring>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "child_process.hpp"
 #include "dma/protocol.hpp"
 #include "dma/service.hpp"
-#include "child_process.hpp"
 #include "fixtures.hpp"
-
-extern char** environ;
 
 namespace dma {
 namespace {
 
 using testing::Buffer;
 using testing::pattern;
-using Clock = std::chrono::steady_clock;
 
 using testing::Child;
 const std::string kCli = DMA_BINARY_DIR "/bin/dma-cli";
@@ -122,8 +110,9 @@ TEST_P(ToolsLoopback, bytes_the_target_process_fills_are_the_bytes_read_here) {
 }
 
 TEST_P(ToolsLoopback, a_multi_region_value_lands_in_order_in_the_target_process) {
-  // A value spread over regions must arrive in the other process piece by piece, in order,
-  // with piece boundaries falling inside regions (the service splits at 1000 bytes here).
+  // If this fails, a value spread over regions arrives in the other process out of order or
+  // misplaced, piece by piece, when piece boundaries fall inside regions (the service splits at
+  // 1000 bytes here).
   Configuration configuration = testing::loopback(GetParam());
   configuration.max_piece_bytes = 1000;
   auto service = FabricService::start(configuration, nullptr, nullptr);

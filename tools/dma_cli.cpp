@@ -30,8 +30,8 @@
 #include "dma/service.hpp"
 #include "dma/client.hpp"
 #include "dma/target.hpp"
-#include "owned_bytes.hpp"
-#include "pattern.hpp"
+#include "support/owned_bytes.hpp"
+#include "support/pattern.hpp"
 
 namespace {
 
@@ -65,24 +65,21 @@ void add_common(CLI::App& command, Common& common) {
 dma::Result<dma::Configuration> configuration_of(const Common& common) {
   dma::Configuration configuration;
   if (!common.config_path.empty()) {
-    auto loaded = dma::Configuration::load(common.config_path);
-    if (!loaded) return loaded;
-    configuration = std::move(*loaded);
+    DMA_TRY_ASSIGN(configuration, dma::Configuration::load(common.config_path));
   }
   configuration.providers = {common.provider};
   configuration.bind = common.bind;
   return configuration;
 }
 
-using dma::tools::OwnedBytes;
+using dma::support::OwnedBytes;
 
 dma::Result<std::uint32_t> parse_seed(std::string_view text) {
-  auto value = dma::parse_decimal(text, "seed");
-  if (!value) return dma::fail(std::move(value).error());
-  if (*value > UINT32_MAX) {
+  DMA_TRY_ASSIGN(const auto value, dma::parse_decimal(text, "seed"));
+  if (value > UINT32_MAX) {
     return dma::fail(dma::ErrorCode::kInvalidArgument, "seed must fit in 32 bits");
   }
-  return static_cast<std::uint32_t>(*value);
+  return static_cast<std::uint32_t>(value);
 }
 
 // Bytes [OFFSET, OFFSET + LENGTH) of `whole` named by the optional trailing command words, or
@@ -94,16 +91,14 @@ dma::Result<std::span<std::byte>> range_of(std::span<std::byte> whole,
   if (words.size() != first + 2) {
     return dma::fail(dma::ErrorCode::kInvalidArgument, "expected OFFSET LENGTH or nothing");
   }
-  auto offset = dma::parse_decimal(words[first], "offset");
-  if (!offset) return dma::fail(std::move(offset).error());
-  auto length = dma::parse_decimal(words[first + 1], "length");
-  if (!length) return dma::fail(std::move(length).error());
-  if (*offset > whole.size() || *length > whole.size() - *offset) {
+  DMA_TRY_ASSIGN(const auto offset, dma::parse_decimal(words[first], "offset"));
+  DMA_TRY_ASSIGN(const auto length, dma::parse_decimal(words[first + 1], "length"));
+  if (offset > whole.size() || length > whole.size() - offset) {
     return dma::fail(dma::ErrorCode::kInvalidArgument,
-                     "range " + std::to_string(*offset) + "+" + std::to_string(*length) +
+                     "range " + std::to_string(offset) + "+" + std::to_string(length) +
                          " exceeds the buffer of " + std::to_string(whole.size()) + " bytes");
   }
-  return whole.subspan(*offset, *length);
+  return whole.subspan(offset, length);
 }
 
 // One command line's reply (without the newline).
@@ -127,11 +122,11 @@ std::string answer(dma::Target& target, std::span<std::byte> buffer, const std::
     auto range = range_of(buffer, words, 2);
     if (!range) return "error: " + range.error().message();
     if (verb == "fill") {
-      dma::tools::fill_pattern(*range, *seed);
+      dma::support::fill_pattern(*range, *seed);
       target.synchronize();  // our writes before the server's next access
       return "ok";
     }
-    auto mismatch = dma::tools::find_mismatch(*range, *seed);
+    auto mismatch = dma::support::find_mismatch(*range, *seed);
     return mismatch ? "mismatch at " + std::to_string(*mismatch) : "ok";
   }
   if (verb == "initiator") {
@@ -158,7 +153,7 @@ int run_target(const Common& common, std::size_t size, std::optional<std::uint32
   // Declared after the target and before the exposure: the registration closes first, then the
   // memory goes, then the endpoint.
   std::vector<std::byte> buffer(size);
-  if (fill_seed) dma::tools::fill_pattern(buffer, *fill_seed);
+  if (fill_seed) dma::support::fill_pattern(buffer, *fill_seed);
   auto exposed = (*target)->expose(buffer.data(), buffer.size());
   if (!exposed) {
     std::cerr << "dma-cli: " << exposed.error().describe() << "\n";
@@ -218,7 +213,7 @@ int run_initiator(const Common& common, const InitiatorOptions& options) {
   dma::TransferRequest request = dma::TransferRequest::single(
       1, *peer, advertisement->key, advertisement->remote_address + options.offset,
       write ? dma::Direction::kToPeer : dma::Direction::kFromPeer, options.length,
-      std::make_unique<OwnedBytes>(write ? dma::tools::make_pattern(options.length, options.seed)
+      std::make_unique<OwnedBytes>(write ? dma::support::make_pattern(options.length, options.seed)
                                          : std::vector<std::byte>{}));
   request.want_checksum = true;
 

@@ -1,5 +1,5 @@
 // dma-demo: the Redis module end to end, in well under a minute. Starts redis-server with
-// build/lib/dma.so on loopback (tools/redis_server.hpp), then for each size stores and fetches
+// build/lib/dma.so on loopback (support/redis_server.hpp), then for each size stores and fetches
 // values through DMA.SET/DMA.GET (dma::Client: the bytes move over the fabric) and through plain
 // SET/GET (hiredis: the bytes go through the socket), one DMA and one plain operation after the
 // other so machine noise hits both alike. Every byte is verified: each GET's bytes are compared
@@ -24,80 +24,23 @@
 
 #include "dma/client.hpp"
 #include "dma/protocol.hpp"
-#include "pattern.hpp"
-#include "redis_server.hpp"
+#include "support/command_line.hpp"
+#include "support/pattern.hpp"
+#include "support/redis_connection.hpp"
+#include "support/redis_server.hpp"
 
 namespace {
 
 using Clock = std::chrono::steady_clock;
 constexpr std::chrono::milliseconds kReplyTimeout{30000};
 
-struct ReplyDeleter {
-  void operator()(redisReply* reply) const noexcept { freeReplyObject(reply); }
-};
-using Reply = std::unique_ptr<redisReply, ReplyDeleter>;
-struct ContextDeleter {
-  void operator()(redisContext* context) const noexcept { redisFree(context); }
-};
-using Connection = std::unique_ptr<redisContext, ContextDeleter>;
-
-dma::Result<Connection> connect_plain(const std::string& host, int port) {
-  const timeval timeout{static_cast<time_t>(kReplyTimeout.count() / 1000), 0};
-  Connection connection(redisConnectWithTimeout(host.c_str(), port, timeout));
-  if (!connection || connection->err != 0) {
-    return dma::fail(dma::ErrorCode::kUnreachable,
-                     "cannot connect to redis: " +
-                         std::string(connection ? connection->errstr : "out of memory"));
-  }
-  redisSetTimeout(connection.get(), timeout);
-  return connection;
-}
-
-// One plain command; a transport failure or an error reply is an Error.
-dma::Result<Reply> command(redisContext* connection, std::vector<std::string_view> arguments) {
-  std::vector<const char*> pointers;
-  std::vector<std::size_t> lengths;
-  for (std::string_view argument : arguments) {
-    pointers.push_back(argument.data());
-    lengths.push_back(argument.size());
-  }
-  Reply reply(static_cast<redisReply*>(redisCommandArgv(
-      connection, static_cast<int>(pointers.size()), pointers.data(), lengths.data())));
-  if (!reply) {
-    return dma::fail(dma::ErrorCode::kUnreachable,
-                     std::string("redis connection failed: ") + connection->errstr);
-  }
-  if (reply->type == REDIS_REPLY_ERROR) {
-    return dma::fail(dma::ErrorCode::kInvalidArgument,
-                     std::string(arguments[0]) + ": " + std::string(reply->str, reply->len));
-  }
-  return reply;
-}
-
-std::string_view as_text(std::span<const std::byte> bytes) {
-  return {reinterpret_cast<const char*>(bytes.data()), bytes.size()};
-}
+using dma::support::as_text;
+using dma::support::RedisConnection;
 
 std::string human(std::size_t bytes) {
   if (bytes % (std::size_t{1} << 20) == 0) return std::to_string(bytes >> 20) + " MiB";
   if (bytes % (std::size_t{1} << 10) == 0) return std::to_string(bytes >> 10) + " KiB";
   return std::to_string(bytes) + " B";
-}
-
-// "4k" -> 4096, "1m", "16M", or plain bytes; nullopt if malformed or zero.
-std::optional<std::size_t> parse_size(std::string text) {
-  std::size_t scale = 1;
-  if (!text.empty()) {
-    switch (text.back()) {
-      case 'k': case 'K': scale = std::size_t{1} << 10; break;
-      case 'm': case 'M': scale = std::size_t{1} << 20; break;
-      default: break;
-    }
-    if (scale != 1) text.pop_back();
-  }
-  auto value = dma::parse_decimal(text, "size");
-  if (!value || *value == 0 || *value > (std::size_t{1} << 30) / scale) return std::nullopt;
-  return static_cast<std::size_t>(*value) * scale;
 }
 
 // One side (DMA or plain) of one row: its latencies.
@@ -172,7 +115,7 @@ std::size_t count_for(std::size_t size) {
 
 struct Session {
   dma::Client& client;
-  redisContext* plain;
+  RedisConnection& plain;
   Progress& progress;
 };
 
@@ -180,11 +123,9 @@ struct Session {
 template <typename Operation>
 dma::Status timed(Side& side, std::size_t& bad, Operation&& operation) {
   const auto started = Clock::now();
-  dma::Result<bool> verified = operation();
-  const auto elapsed = std::chrono::duration<double>(Clock::now() - started).count();
-  if (!verified) return dma::fail(std::move(verified).error());
-  side.seconds.push_back(elapsed);
-  if (!*verified) ++bad;
+  DMA_TRY_ASSIGN(const bool verified, operation());
+  side.seconds.push_back(std::chrono::duration<double>(Clock::now() - started).count());
+  if (!verified) ++bad;
   return {};
 }
 
@@ -204,23 +145,21 @@ dma::Result<Row> run_sets(Session& session, std::size_t size,
     dma::Status done = timed(row.dma, row.bad, [&]() -> dma::Result<bool> {
       dma::Status stored = session.client.set(dma_key, value);
       if (!stored && stored.error().code() == dma::ErrorCode::kCorrupted) return false;
-      if (!stored) return dma::fail(std::move(stored).error());
+      DMA_TRY(stored);
       return true;
     });
-    if (!done) return dma::fail(std::move(done).error());
+    DMA_TRY(done);
     done = timed(row.plain, row.bad, [&]() -> dma::Result<bool> {
-      auto reply = command(session.plain, {"SET", plain_key, as_text(value)});
-      if (!reply) return dma::fail(std::move(reply).error());
+      DMA_TRY(session.plain.command({"SET", plain_key, as_text(value)}));
       return true;
     });
-    if (!done) return dma::fail(std::move(done).error());
+    DMA_TRY(done);
   }
   const auto& last = values[(count - 1) % 2];
   for (const std::string& key : {dma_key, plain_key}) {
-    auto reply = command(session.plain, {"GET", key});
-    if (!reply) return dma::fail(std::move(reply).error());
-    const bool same = (*reply)->type == REDIS_REPLY_STRING && (*reply)->len == last.size() &&
-                      std::memcmp((*reply)->str, last.data(), last.size()) == 0;
+    DMA_TRY_ASSIGN(const dma::support::Reply reply, session.plain.command({"GET", key}));
+    const bool same = dma::support::reply_text(reply) == as_text(last) &&
+                      reply->type == REDIS_REPLY_STRING;
     if (!same) {
       std::cerr << "dma-demo: " << key << " does not hold the value written last\n";
       ++row.bad;
@@ -245,27 +184,25 @@ dma::Result<Row> run_gets(Session& session, std::size_t size,
     dma::Status done = timed(row.dma, row.bad, [&]() -> dma::Result<bool> {
       auto got = session.client.get(dma_key, landing);
       if (!got && got.error().code() == dma::ErrorCode::kCorrupted) return false;
-      if (!got) return dma::fail(std::move(got).error());
+      DMA_TRY(got);
       return *got && **got == size && std::memcmp(landing.data(), stored.data(), size) == 0;
     });
-    if (!done) return dma::fail(std::move(done).error());
+    DMA_TRY(done);
     done = timed(row.plain, row.bad, [&]() -> dma::Result<bool> {
-      auto reply = command(session.plain, {"GET", plain_key});
-      if (!reply) return dma::fail(std::move(reply).error());
-      return (*reply)->type == REDIS_REPLY_STRING && (*reply)->len == size &&
-             std::memcmp((*reply)->str, stored.data(), size) == 0;
+      DMA_TRY_ASSIGN(const dma::support::Reply reply, session.plain.command({"GET", plain_key}));
+      return reply->type == REDIS_REPLY_STRING && dma::support::reply_text(reply) == as_text(stored);
     });
-    if (!done) return dma::fail(std::move(done).error());
+    DMA_TRY(done);
   }
   return row;
 }
 
 int run(const std::string& provider, const std::vector<std::size_t>& sizes) {
   Progress progress;
-  dma::tools::RedisServer::Options options;
+  dma::support::RedisServer::Options options;
   options.module_arguments = {"providers", provider, "bind", "127.0.0.1"};
   std::cerr << "dma-demo: starting redis-server with the module (provider " << provider << ")\n";
-  auto server = dma::tools::RedisServer::start(options);
+  auto server = dma::support::RedisServer::start(options);
   if (!server) {
     std::cerr << "dma-demo: " << server.error().describe() << "\n";
     return 1;
@@ -285,12 +222,12 @@ int run(const std::string& provider, const std::vector<std::size_t>& sizes) {
   }
   std::cerr << "dma-demo: client endpoint " << (*client)->target().describe().to_string()
             << "\n";
-  auto plain = connect_plain((*server)->host(), (*server)->port());
+  auto plain = RedisConnection::open((*server)->host(), (*server)->port(), kReplyTimeout);
   if (!plain) {
     std::cerr << "dma-demo: " << plain.error().describe() << "\n";
     return 1;
   }
-  Session session{**client, plain->get(), progress};
+  Session session{**client, **plain, progress};
 
   // Unmeasured: tcp and net connect on the first transfer.
   {
@@ -310,8 +247,8 @@ int run(const std::string& provider, const std::vector<std::size_t>& sizes) {
   bool failed = false;
   for (const std::size_t size : sizes) {
     const std::vector<std::vector<std::byte>> values{
-        dma::tools::make_pattern(size, static_cast<std::uint32_t>(size)),
-        dma::tools::make_pattern(size, static_cast<std::uint32_t>(size) + 1)};
+        dma::support::make_pattern(size, static_cast<std::uint32_t>(size)),
+        dma::support::make_pattern(size, static_cast<std::uint32_t>(size) + 1)};
     auto sets = run_sets(session, size, values);
     if (!sets) {
       progress.clear();
@@ -357,28 +294,16 @@ int run(const std::string& provider, const std::vector<std::size_t>& sizes) {
 int main(int argc, char** argv) {
   CLI::App app{"dma-demo: DMA.SET/DMA.GET against SET/GET on a redis-server started here"};
   std::string provider = "tcp";
-  std::string sizes_text = "4k,1m,16m";
+  std::vector<std::size_t> sizes{std::size_t{4} << 10, std::size_t{1} << 20, std::size_t{16} << 20};
   app.add_option("--provider", provider, "libfabric provider (tcp, net, shm, ...)")
       ->capture_default_str();
-  app.add_option("--sizes", sizes_text, "comma-separated value sizes (k, m suffixes, <= 1 GiB)")
-      ->capture_default_str();
+  dma::support::add_size_list(app, "--sizes", sizes, "value sizes, at most 1 GiB",
+                              std::size_t{1} << 30);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& error) {
     const int code = app.exit(error);
     return code == 0 ? 0 : 2;
-  }
-  std::vector<std::size_t> sizes;
-  for (std::size_t start = 0; start <= sizes_text.size();) {
-    const std::size_t end = std::min(sizes_text.find(',', start), sizes_text.size());
-    auto size = parse_size(sizes_text.substr(start, end - start));
-    if (!size) {
-      std::cerr << "dma-demo: --sizes: '" << sizes_text.substr(start, end - start)
-                << "' is not a size between 1 byte and 1 GiB\n";
-      return 2;
-    }
-    sizes.push_back(*size);
-    start = end + 1;
   }
   return run(provider, sizes);
 }

@@ -3,7 +3,7 @@
 //
 //   dma-soak --provider tcp|shm --clients N --duration S [--max-size B] [--kill-every S]
 //
-// The parent starts redis-server with the module on loopback (tools/redis_server.hpp), then runs
+// The parent starts redis-server with the module on loopback (support/redis_server.hpp), then runs
 // N client *processes* (`dma-soak client ...`, this same executable), so that --kill-every can
 // SIGKILL one of them (round robin) every S seconds mid-transfer and start a replacement: a dead
 // peer's transfers are exactly what the server has to survive. Each client owns the keys
@@ -18,12 +18,8 @@
 // prints a progress line on stderr and at the end a report: operations, bytes, errors by cause,
 // mismatches, the server's RSS at start and end. Exit status 1 if any mismatch was seen, the
 // server died, or nothing at all was transferred; 2 on a usage or startup error.
-#include <fcntl.h>
-#include <hiredis/hiredis.h>
 #include <poll.h>
 #include <signal.h>
-#include <spawn.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
@@ -46,10 +42,10 @@
 
 #include "dma/client.hpp"
 #include "dma/protocol.hpp"
-#include "pattern.hpp"
-#include "redis_server.hpp"
-
-extern char** environ;
+#include "support/child_process.hpp"
+#include "support/pattern.hpp"
+#include "support/redis_connection.hpp"
+#include "support/redis_server.hpp"
 
 namespace {
 
@@ -138,17 +134,12 @@ struct ClientOptions {
 
 // Deletes this slot's keys over a plain connection (a predecessor may have left them).
 bool delete_slot_keys(int port, int slot) {
-  redisContext* connection = redisConnect("127.0.0.1", port);
-  if (connection == nullptr || connection->err != 0) {
-    if (connection != nullptr) redisFree(connection);
-    return false;
-  }
+  auto connection = dma::support::RedisConnection::open("127.0.0.1", port, 10s);
+  if (!connection) return false;
   for (int key = 0; key < kKeysPerClient; ++key) {
     const std::string name = "soak-" + std::to_string(slot) + "-" + std::to_string(key);
-    auto* reply = static_cast<redisReply*>(redisCommand(connection, "DEL %s", name.c_str()));
-    if (reply != nullptr) freeReplyObject(reply);
+    if (!(*connection)->command({"DEL", name})) return false;
   }
-  redisFree(connection);
   return true;
 }
 
@@ -207,7 +198,7 @@ int run_client(const ClientOptions& options) {
                                                 options.max_size);
       const auto seed = static_cast<std::uint32_t>(random());
       auto bytes = std::span<std::byte>(value).first(size);
-      dma::tools::fill_pattern(bytes, seed);
+      dma::support::fill_pattern(bytes, seed);
       dma::Status stored = client->set(key, bytes);
       if (stored) {
         ++tally.sets;
@@ -270,106 +261,48 @@ struct Options {
   double kill_every = 0;
 };
 
-// One client process with pipes on its stdin and stdout.
+// One client process (support::ChildProcess, pipes on its stdin and stdout) and its last
+// report. Killed and reaped on destruction.
 class ClientProcess {
  public:
   static std::unique_ptr<ClientProcess> spawn(const Options& options, int port, int slot,
                                               std::uint64_t seed) {
-    int to_child[2];
-    int from_child[2];
-    if (::pipe2(to_child, O_CLOEXEC) != 0) return nullptr;
-    if (::pipe2(from_child, O_CLOEXEC) != 0) {
-      ::close(to_child[0]);
-      ::close(to_child[1]);
+    auto child = dma::support::ChildProcess::spawn(
+        {"/proc/self/exe", "client", "--provider", options.provider, "--port",
+         std::to_string(port), "--slot", std::to_string(slot), "--max-size",
+         std::to_string(options.max_size), "--seed", std::to_string(seed)});
+    if (!child) {
+      std::cerr << "dma-soak: " << child.error().describe() << "\n";
       return nullptr;
     }
-    std::vector<std::string> arguments = {
-        "/proc/self/exe", "client", "--provider", options.provider, "--port",
-        std::to_string(port), "--slot", std::to_string(slot), "--max-size",
-        std::to_string(options.max_size), "--seed", std::to_string(seed)};
-    std::vector<char*> argv;
-    for (auto& argument : arguments) argv.push_back(argument.data());
-    argv.push_back(nullptr);
-    posix_spawn_file_actions_t actions;
-    posix_spawn_file_actions_init(&actions);
-    posix_spawn_file_actions_adddup2(&actions, to_child[0], STDIN_FILENO);
-    posix_spawn_file_actions_adddup2(&actions, from_child[1], STDOUT_FILENO);
     auto process = std::make_unique<ClientProcess>();
-    const int spawned =
-        ::posix_spawn(&process->pid_, "/proc/self/exe", &actions, nullptr, argv.data(), environ);
-    posix_spawn_file_actions_destroy(&actions);
-    ::close(to_child[0]);
-    ::close(from_child[1]);
-    process->input_ = to_child[1];
-    process->output_ = from_child[0];
-    if (spawned != 0) return nullptr;
-    ::fcntl(process->output_, F_SETFL, O_NONBLOCK);
+    process->child_ = std::move(*child);
     return process;
   }
-  ClientProcess() = default;
-  ~ClientProcess() {
-    if (input_ >= 0) ::close(input_);
-    if (output_ >= 0) ::close(output_);
-    if (pid_ > 0 && !reaped_) {
-      ::kill(pid_, SIGKILL);
-      int status = 0;
-      while (::waitpid(pid_, &status, 0) < 0 && errno == EINTR) {
-      }
-    }
-  }
-  int output() const { return output_; }
+  int output() const { return child_->output_fd(); }
   const Tally& tally() const { return tally_; }
   bool done() const { return done_; }
 
-  // Reads what is available; false at EOF.
+  // Reads what is available and takes its reports; false at EOF.
   bool drain() {
-    char chunk[4096];
-    while (true) {
-      const ssize_t got = ::read(output_, chunk, sizeof chunk);
-      if (got > 0) {
-        pending_.append(chunk, static_cast<std::size_t>(got));
-        continue;
-      }
-      if (got < 0 && errno == EINTR) continue;
-      parse_lines();
-      return got < 0;  // EAGAIN: more later; 0: EOF
+    const bool open = child_->read_available();
+    while (auto line = child_->take_line()) {
+      if (auto tally = Tally::parse(*line)) tally_ = *tally;
+      if (*line == "done") done_ = true;
     }
+    return open;
   }
-  void stop() {
-    if (input_ >= 0) ::close(input_);
-    input_ = -1;
-  }
+  // Asks the client to stop: EOF on its stdin.
+  void stop() { child_->close_input(); }
   void kill() {
-    ::kill(pid_, SIGKILL);
-    int status = 0;
-    while (::waitpid(pid_, &status, 0) < 0 && errno == EINTR) {
-    }
-    reaped_ = true;
+    child_->kill_now();
     drain();
   }
-  void reap() {
-    int status = 0;
-    while (::waitpid(pid_, &status, 0) < 0 && errno == EINTR) {
-    }
-    reaped_ = true;
-  }
+  void reap() { child_->wait_exit(std::chrono::seconds(10)); }
 
  private:
-  void parse_lines() {
-    std::size_t end;
-    while ((end = pending_.find('\n')) != std::string::npos) {
-      const std::string line = pending_.substr(0, end);
-      pending_.erase(0, end + 1);
-      if (auto tally = Tally::parse(line)) tally_ = *tally;
-      if (line == "done") done_ = true;
-    }
-  }
-  pid_t pid_ = -1;
-  int input_ = -1;
-  int output_ = -1;
-  bool reaped_ = false;
+  std::unique_ptr<dma::support::ChildProcess> child_;
   bool done_ = false;
-  std::string pending_;
   Tally tally_;
 };
 
@@ -387,14 +320,11 @@ std::string megabytes(std::optional<std::size_t> bytes) {
 }
 
 int run_parent(const Options& options) {
-  // libinfinipath (libfabric's psm provider) would otherwise take over the server's SIGTERM
-  // (module.cpp, warn_if_sigterm_taken); the server inherits our environment.
-  ::setenv("IPATH_NO_BACKTRACE", "1", 1);
   ::signal(SIGPIPE, SIG_IGN);
-  dma::tools::RedisServer::Options server_options;
+  dma::support::RedisServer::Options server_options;
   server_options.module_arguments = {"providers", options.provider, "bind", "127.0.0.1",
                                      "max-value-size", std::to_string(options.max_size)};
-  auto server = dma::tools::RedisServer::start(server_options);
+  auto server = dma::support::RedisServer::start(server_options);
   if (!server) {
     std::cerr << "dma-soak: " << server.error().describe() << "\n";
     return 2;

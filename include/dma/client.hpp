@@ -10,6 +10,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <initializer_list>
 #include <memory>
 #include <optional>
 #include <span>
@@ -22,8 +23,29 @@
 #include "dma/target.hpp"
 
 struct redisContext;
+struct redisReply;
 
 namespace dma {
+
+// One hiredis command as an argv (binary-safe: values may hold any byte). dma::Client speaks
+// through these, and so do the tests', tools' and benchmark's plain connections
+// (support/redis_connection.hpp), so the argv handling exists once. The caller owns the
+// context; these only use it (blocking, with the context's timeout).
+namespace redis {
+struct ReplyDeleter {
+  void operator()(redisReply* reply) const noexcept;
+};
+using Reply = std::unique_ptr<redisReply, ReplyDeleter>;
+
+// Queues `arguments` as one command and writes it out without waiting for the reply
+// (pipelining). kUnreachable if the connection failed.
+Status send(redisContext* connection, std::span<const std::string_view> arguments);
+// The next reply, error replies included. kUnreachable if the connection failed or timed out.
+Result<Reply> receive(redisContext* connection);
+// send() then receive(); an error reply is a kInvalidArgument "<command> failed: <reply>".
+Result<Reply> command(redisContext* connection, std::span<const std::string_view> arguments);
+Result<Reply> command(redisContext* connection, std::initializer_list<std::string_view> arguments);
+}  // namespace redis
 
 class Client {
  public:

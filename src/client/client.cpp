@@ -9,32 +9,12 @@
 namespace dma {
 namespace {
 
-struct ReplyDeleter {
-  void operator()(redisReply* reply) const noexcept { freeReplyObject(reply); }
-};
-using Reply = std::unique_ptr<redisReply, ReplyDeleter>;
+using redis::Reply;
 
-struct Unreachable {};
-
-// Sends one command and returns its reply; a transport failure or an error reply is an Error.
+// One command; a transport failure or an error reply is an Error.
 Result<Reply> run(redisContext* connection, const std::vector<std::string>& arguments) {
-  std::vector<const char*> pointers;
-  std::vector<std::size_t> lengths;
-  for (const auto& argument : arguments) {
-    pointers.push_back(argument.data());
-    lengths.push_back(argument.size());
-  }
-  Reply reply(static_cast<redisReply*>(redisCommandArgv(
-      connection, static_cast<int>(arguments.size()), pointers.data(), lengths.data())));
-  if (!reply) {
-    return fail(ErrorCode::kUnreachable,
-                std::string("redis connection failed: ") + connection->errstr);
-  }
-  if (reply->type == REDIS_REPLY_ERROR) {
-    return fail(ErrorCode::kInvalidArgument,
-                arguments[0] + " failed: " + std::string(reply->str, reply->len));
-  }
-  return reply;
+  const std::vector<std::string_view> views(arguments.begin(), arguments.end());
+  return redis::command(connection, views);
 }
 
 // [length, crc32c] from DMA.GET or DMA.SET.
@@ -61,6 +41,56 @@ std::vector<std::string> with_region(std::vector<std::string> arguments, const E
 }
 
 }  // namespace
+
+namespace redis {
+
+void ReplyDeleter::operator()(redisReply* reply) const noexcept { freeReplyObject(reply); }
+
+Status send(redisContext* connection, std::span<const std::string_view> arguments) {
+  std::vector<const char*> pointers;
+  std::vector<std::size_t> lengths;
+  for (std::string_view argument : arguments) {
+    pointers.push_back(argument.data());
+    lengths.push_back(argument.size());
+  }
+  if (redisAppendCommandArgv(connection, static_cast<int>(arguments.size()), pointers.data(),
+                             lengths.data()) != REDIS_OK) {
+    return fail(ErrorCode::kResourceExhausted, "cannot queue a redis command");
+  }
+  int done = 0;
+  while (done == 0) {
+    if (redisBufferWrite(connection, &done) != REDIS_OK) {
+      return fail(ErrorCode::kUnreachable,
+                  std::string("redis connection failed: ") + connection->errstr);
+    }
+  }
+  return {};
+}
+
+Result<Reply> receive(redisContext* connection) {
+  void* reply = nullptr;
+  if (redisGetReply(connection, &reply) != REDIS_OK || reply == nullptr) {
+    return fail(ErrorCode::kUnreachable,
+                std::string("redis connection failed: ") + connection->errstr);
+  }
+  return Reply(static_cast<redisReply*>(reply));
+}
+
+Result<Reply> command(redisContext* connection, std::span<const std::string_view> arguments) {
+  DMA_TRY(send(connection, arguments));
+  DMA_TRY_ASSIGN(Reply reply, receive(connection));
+  if (reply->type == REDIS_REPLY_ERROR) {
+    return fail(ErrorCode::kInvalidArgument, std::string(arguments.empty() ? "" : arguments[0]) +
+                                                 " failed: " + std::string(reply->str, reply->len));
+  }
+  return reply;
+}
+
+Result<Reply> command(redisContext* connection, std::initializer_list<std::string_view> arguments) {
+  return command(connection, std::span<const std::string_view>(arguments.begin(), arguments.size()));
+}
+
+}  // namespace redis
 
 Client::Client(redisContext* connection, std::unique_ptr<Target> target)
     : connection_(connection), target_(std::move(target)) {}

@@ -1,0 +1,229 @@
+// What the module tests (test_module_*.cpp) share: a real redis-server loading build/lib/dma.so
+// (support::RedisServer), raw hiredis connections for commands the Client never sends
+// (malformed ones included), the HELLO/PROVE exchange done by hand, and the checks on a
+// server's log. Each test binary starts its own servers on free loopback ports.
+//
+// Thread-safety: none; a Connection belongs to one thread. Ownership: plain owners (servers,
+// connections, targets) held by the tests.
+#pragma once
+
+#include <gtest/gtest.h>
+#include <hiredis/hiredis.h>
+
+#include <chrono>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "dma/client.hpp"
+#include "dma/protocol.hpp"
+#include "dma/target.hpp"
+#include "fixtures.hpp"
+#include "support/redis_connection.hpp"
+#include "support/redis_server.hpp"
+
+namespace dma::testing {
+
+using namespace std::chrono_literals;
+using support::RedisServer;
+using support::Reply;
+
+inline std::string module_path() { return std::string(DMA_BINARY_DIR) + "/lib/dma.so"; }
+
+// Options for a server with the module on `provider`; `extra` are more module arguments.
+inline RedisServer::Options server_options(const std::vector<std::string>& extra = {},
+                                           const std::string& provider = "tcp",
+                                           const std::vector<std::string>& server_arguments = {}) {
+  RedisServer::Options options;
+  options.module_path = module_path();
+  options.module_arguments = {"providers", provider, "bind", "127.0.0.1"};
+  options.module_arguments.insert(options.module_arguments.end(), extra.begin(), extra.end());
+  options.server_arguments = server_arguments;
+  return options;
+}
+
+// Starts a server (retrying on a port another test took first); nullptr, with a test failure,
+// if it does not answer PING before the deadline.
+inline std::unique_ptr<RedisServer> start_server(const std::vector<std::string>& extra = {},
+                                                 const std::string& provider = "tcp",
+                                                 const std::vector<std::string>& server_arguments = {}) {
+  auto server = RedisServer::start(server_options(extra, provider, server_arguments));
+  if (!server) {
+    ADD_FAILURE() << "redis-server with the module did not start: " << server.error().describe();
+    return nullptr;
+  }
+  return std::move(*server);
+}
+
+// A raw hiredis connection (support::RedisConnection) whose commands return the reply as it
+// came, error replies included, or nullptr if the connection failed.
+class Connection {
+ public:
+  explicit Connection(int port) {
+    auto opened = support::RedisConnection::open("127.0.0.1", port, 60s);
+    if (opened) connection_ = std::move(*opened);
+  }
+  bool ok() const { return connection_ != nullptr; }
+  void close() { connection_.reset(); }
+  Reply command(const std::vector<std::string>& arguments) {
+    send(arguments);
+    return receive();
+  }
+  // Queues a command and writes it out without waiting for the reply.
+  void send(const std::vector<std::string>& arguments) {
+    if (!connection_) return;
+    const std::vector<std::string_view> views(arguments.begin(), arguments.end());
+    (void)connection_->send(views);
+  }
+  Reply receive() {
+    if (!connection_) return nullptr;
+    auto reply = connection_->receive();
+    return reply ? std::move(*reply) : nullptr;
+  }
+  // A numeric field of `INFO dma` ("in_flight" reads dma_in_flight), or -1 if it is missing.
+  long long info_field(const std::string& name) {
+    if (!connection_) return -1;
+    return connection_->info_field("dma", "dma_" + name).value_or(-1);
+  }
+
+ private:
+  std::unique_ptr<support::RedisConnection> connection_;
+};
+
+inline std::string error_of(const Reply& reply) { return support::error_text(reply); }
+
+inline bool contains(const std::string& text, const std::string& part) {
+  return text.find(part) != std::string::npos;
+}
+
+inline long long info_field(Connection& connection, const std::string& name) {
+  return connection.info_field(name);
+}
+
+// What a server's log must never contain: a crash, a sanitizer report (asan/ubsan/tsan run
+// inside the server, so they report there), an assertion.
+inline void expect_clean_log(const std::string& log) {
+  for (const char* report : {"ERROR: AddressSanitizer", "runtime error:", "WARNING: ThreadSanitizer",
+                             "Guru Meditation", "crashed by signal", "ASSERTION FAILED"}) {
+    EXPECT_FALSE(contains(log, report)) << "redis-server reported a problem:\n" << log;
+  }
+}
+
+// DMA.HELLO's reply, parsed: [<nonce-hex>, [<address-hex>...]].
+struct Hello {
+  std::vector<std::uint8_t> nonce;
+  std::vector<std::vector<std::uint8_t>> addresses;
+};
+inline Result<Hello> parse_hello(const Reply& reply) {
+  if (!reply || reply->type != REDIS_REPLY_ARRAY || reply->elements != 2 ||
+      reply->element[0]->type != REDIS_REPLY_STRING ||
+      reply->element[1]->type != REDIS_REPLY_ARRAY) {
+    return fail(ErrorCode::kInvalidArgument, "not [nonce, [addresses]]: " + error_of(reply));
+  }
+  Hello hello;
+  DMA_TRY_ASSIGN(hello.nonce,
+                 hex_decode(std::string_view(reply->element[0]->str, reply->element[0]->len)));
+  for (std::size_t index = 0; index < reply->element[1]->elements; ++index) {
+    const redisReply* element = reply->element[1]->element[index];
+    if (element->type != REDIS_REPLY_STRING) return fail(ErrorCode::kInvalidArgument, "address");
+    DMA_TRY_ASSIGN(auto address, hex_decode(std::string_view(element->str, element->len)));
+    hello.addresses.push_back(std::move(address));
+  }
+  return hello;
+}
+
+inline std::vector<std::string> with_region(std::vector<std::string> command,
+                                            const RemoteRegion& region) {
+  command.push_back(std::to_string(region.key));
+  command.push_back(std::to_string(region.address));
+  command.push_back(std::to_string(region.length));
+  return command;
+}
+
+// Says DMA.HELLO on `connection` with `target`'s address and proves it honestly (the nonce in
+// memory exposed on `target`). Fails with the server's error text.
+inline Status hello_and_prove(Connection& connection, Target& target) {
+  DMA_TRY_ASSIGN(const Hello hello,
+                 parse_hello(connection.command({"DMA.HELLO", hex_encode(target.local_address())})));
+  for (const auto& address : hello.addresses) DMA_TRY(target.add_initiator(address));
+  std::vector<std::byte> proof(hello.nonce.size());
+  std::memcpy(proof.data(), hello.nonce.data(), proof.size());
+  DMA_TRY_ASSIGN(const Exposed exposed, target.expose(proof.data(), proof.size()));
+  target.synchronize();
+  Reply proven = connection.command(with_region({"DMA.PROVE"}, exposed.whole()));
+  if (!proven || proven->type != REDIS_REPLY_STATUS) {
+    return fail(ErrorCode::kInvalidArgument, "DMA.PROVE: " + error_of(proven));
+  }
+  return {};
+}
+
+inline std::string as_string(const std::vector<std::byte>& bytes) {
+  return std::string(reinterpret_cast<const char*>(bytes.data()), bytes.size());
+}
+
+// One server with the module on tcp for a whole suite: starting one per test costs an endpoint
+// open each. Its log is checked for crashes and sanitizer reports when the suite ends.
+class Module : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() { server_ = start_server(); }
+  static void TearDownTestSuite() {
+    if (server_ == nullptr) return;
+    server_->stop();
+    // Under asan the module's errors surface in the server's log, not in this process.
+    expect_clean_log(server_->log());
+    server_.reset();
+  }
+  void SetUp() override {
+    ASSERT_NE(nullptr, server_) << "redis-server with the module did not start";
+  }
+
+  int port() const { return server_->port(); }
+
+  // A dma::Client that has said its hello; nullptr with a test failure.
+  std::unique_ptr<Client> client() {
+    auto made = Client::connect("127.0.0.1", port(), loopback("tcp"));
+    EXPECT_TRUE(made) << made.error().describe();
+    if (!made) return nullptr;
+    Status said = (*made)->hello();
+    EXPECT_TRUE(said) << said.error().describe();
+    return said ? std::move(*made) : nullptr;
+  }
+
+  // A raw connection with a proven session for `target`'s address.
+  std::unique_ptr<Connection> session(Target& target) {
+    auto connection = std::make_unique<Connection>(port());
+    EXPECT_TRUE(connection->ok());
+    Status proven = hello_and_prove(*connection, target);
+    EXPECT_TRUE(proven) << proven.error().describe();
+    return connection;
+  }
+
+  // A new client stores and reads back a value under `key` (the server still serves).
+  void expect_a_new_client_is_served(const std::string& key, std::uint32_t seed) {
+    auto dma = client();
+    ASSERT_TRUE(dma);
+    const auto value = pattern(4096, seed);
+    ASSERT_TRUE(dma->set(key, value));
+    std::vector<std::byte> buffer(4096);
+    auto read = dma->get(key, buffer);
+    ASSERT_TRUE(read && read->has_value());
+    EXPECT_TRUE(buffer == value);
+  }
+
+  static std::unique_ptr<Target> open_target() {
+    auto target = Target::open(loopback("tcp"));
+    EXPECT_TRUE(target) << target.error().describe();
+    return target ? std::move(*target) : nullptr;
+  }
+
+  static std::vector<std::string> region_fields(const RemoteRegion& region) {
+    return {std::to_string(region.key), std::to_string(region.address),
+            std::to_string(region.length)};
+  }
+
+  inline static std::unique_ptr<RedisServer> server_;
+};
+
+}  // namespace dma::testing
