@@ -31,7 +31,7 @@ struct FabricOptions {
   bool cold = false;  // a working set larger than the caches, cycled through
   std::string bind = "127.0.0.1";  // local address for IP providers (both sides)
   // How long both targets sleep between progress polls; 0 busy-polls (as the ceilings in
-  // PROVIDERS.md were measured).
+  // docs/PROVIDERS.md, "Measured ceilings", were measured).
   std::chrono::microseconds target_poll_interval{0};
   // The target our FabricService runs against: "ours" (dma::Target) or "raw" (the baseline's
   // progress-only target), which isolates the initiator's cost from the target's.

@@ -15,7 +15,7 @@
 
 #include "dma/protocol.hpp"
 #include "dma/target.hpp"
-#include "pattern.hpp"
+#include "support/pattern.hpp"
 #include "raw_fabric.hpp"
 
 namespace dma::bench {
@@ -76,7 +76,7 @@ std::optional<Buffer> make_buffer(std::size_t bytes, std::uint32_t seed) {
   buffer.data.reset(static_cast<std::byte*>(std::aligned_alloc(4096, rounded)));
   if (!buffer.data) return std::nullopt;
   buffer.length = bytes;
-  tools::fill_pattern(std::span(buffer.data.get(), bytes), seed);
+  support::fill_pattern(std::span(buffer.data.get(), bytes), seed);
   return buffer;
 }
 

@@ -7,9 +7,6 @@
 
 #include <chrono>
 #include <condition_variable>
-#include <dirent.h>
-#include <fstream>
-#include <sstream>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -89,40 +86,6 @@ class Collector {
   std::vector<Finished> finished_;
   std::size_t batches_ = 0;
 };
-
-// CPU time (user + system, in clock ticks) of the first thread of this process whose name
-// starts with `prefix`, or -1 if there is none.
-inline long thread_cpu_ticks(const std::string& prefix) {
-  DIR* tasks = opendir("/proc/self/task");
-  if (!tasks) return -1;
-  long ticks = -1;
-  while (dirent* entry = readdir(tasks)) {
-    if (entry->d_name[0] == '.') continue;
-    std::ifstream comm(std::string("/proc/self/task/") + entry->d_name + "/comm");
-    std::string name;
-    std::getline(comm, name);
-    if (name.rfind(prefix, 0) != 0) continue;
-    std::ifstream stat(std::string("/proc/self/task/") + entry->d_name + "/stat");
-    std::string line;
-    std::getline(stat, line);
-    // Fields after the ")" of the command name: state is field 3, utime 14, stime 15.
-    std::istringstream fields(line.substr(line.rfind(')') + 2));
-    std::string field;
-    long utime = 0;
-    long stime = 0;
-    for (int index = 3; fields >> field; ++index) {
-      if (index == 14) utime = std::stol(field);
-      if (index == 15) {
-        stime = std::stol(field);
-        break;
-      }
-    }
-    ticks = utime + stime;
-    break;
-  }
-  closedir(tasks);
-  return ticks;
-}
 
 // A service whose completions go to `collector`; nullptr (with a test failure) if it does not
 // start.

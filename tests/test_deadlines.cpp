@@ -60,7 +60,7 @@ class WatchedBuffer : public Buffer {
 };
 
 
-// A write shm never completes: 4096 bytes into a region exposed as 64 (PROVIDERS.md). The
+// A write shm never completes: 4096 bytes into a region exposed as 64 (docs/PROVIDERS.md, "shm"). The
 // exposed bytes sit at the start of `memory`, which is large enough that the overrun lands in
 // memory the test owns.
 TransferRequest never_completing_write(const Target& target, const Exposed& exposed,
@@ -282,7 +282,7 @@ TEST_P(ProgressDeadline, a_live_peer_behind_a_deep_queue_is_never_failed_as_unre
   EXPECT_EQ(0u, failed) << failed << " of " << kTransfers << " failed; the first: " << first
                         << " (" << counters.eagain << " -FI_EAGAIN answers)";
   if (GetParam() == "shm") {
-    // shm answers -FI_EAGAIN routinely (PROVIDERS.md; hundreds of thousands here): the case this
+    // shm answers -FI_EAGAIN routinely (docs/PROVIDERS.md, "shm"; hundreds of thousands here): the case this
     // test guards. tcp and net answer it only while connecting, and are here to hold the promise.
     EXPECT_GT(counters.eagain, 0u) << "the deep queue never met -FI_EAGAIN";
   }
@@ -399,7 +399,7 @@ TEST_P(KilledTarget, every_transfer_to_it_fails_and_other_clients_are_untouched)
   }
   // Every provider serves the survivor in full. (On shm a write in flight to a process that
   // dies is never answered and blocks every later write on the endpoint until the completion
-  // deadline, PROVIDERS.md; that case is CompletionDeadline's, and is not reached here since the
+  // deadline, docs/PROVIDERS.md, "shm"; that case is CompletionDeadline's, and is not reached here since the
   // kill comes between transfers.)
   const auto check_survivor = [&](Transfer& transfer, std::size_t slot, const char* wave) {
     Outcome outcome = transfer.wait_for(testing::kDeadline);

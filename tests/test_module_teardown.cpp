@@ -314,7 +314,7 @@ TEST(ModuleDeadline, a_dma_get_that_never_completes_is_answered_at_the_deadline_
   ASSERT_TRUE(proven) << proven.error().describe();
   const std::string value(4096, 'v');
   ASSERT_TRUE(connection.command({"SET", "stuck", value}));
-  // 64 bytes exposed, 4096 claimed: shm never completes the overrun (PROVIDERS.md).
+  // 64 bytes exposed, 4096 claimed: shm never completes the overrun (docs/PROVIDERS.md, "shm").
   std::vector<std::byte> memory(8192);
   auto exposed = (*target)->expose(memory.data(), 64);
   ASSERT_TRUE(exposed) << exposed.error().describe();

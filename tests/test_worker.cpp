@@ -5,7 +5,7 @@
 // transfers, -FI_EAGAIN to the back of the queue) pass by pass.
 //
 // The peers: a dma::Target in this process (its own progress thread makes it a live peer), shm's
-// write past an exposed region, which shm never completes (PROVIDERS.md; CompletionDeadline in
+// write past an exposed region, which shm never completes (docs/PROVIDERS.md, "shm"; CompletionDeadline in
 // test_deadlines.cpp relies on it too, and both fail rather than skip if shm ever completes it),
 // and 127.0.0.1:1, where nothing listens, so tcp answers every post -FI_EAGAIN.
 #include <gtest/gtest.h>

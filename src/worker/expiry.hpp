@@ -1,7 +1,7 @@
 // Private: failing posted transfers that never complete (the completion deadline).
 //
 // A peer that hangs (a stopped process, a wedged host) or shm's delivery-complete write past an
-// exposed region never produces a completion (PROVIDERS.md). Without a deadline such a transfer
+// exposed region never produces a completion (docs/PROVIDERS.md, "shm"). Without a deadline such a transfer
 // holds its caller forever and, with the in-flight cap small, the whole server. Past
 // completion_deadline since its first post, a live transfer fails as kTimedOut (its context's
 // on_expired is told at once) and leaves the in-flight cap (its pieces become "held"), so others
