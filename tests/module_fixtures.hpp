@@ -153,6 +153,7 @@ inline Status hello_and_prove(Connection& connection, Target& target) {
   DMA_TRY_ASSIGN(const Exposed exposed, target.expose(proof.data(), proof.size()));
   target.synchronize();
   Reply proven = connection.command(with_region({"DMA.PROVE"}, exposed.whole()));
+  target.synchronize();  // the provider's sends from `proof` before it is freed
   if (!proven || proven->type != REDIS_REPLY_STATUS) {
     return fail(ErrorCode::kInvalidArgument, "DMA.PROVE: " + error_of(proven));
   }

@@ -162,6 +162,7 @@ Status Client::hello() {
   if (!exposed) return fail(std::move(exposed).error());
   target_->synchronize();  // our writes to `proof` before the server's read
   auto proven = run(connection_, with_region({"DMA.PROVE"}, *exposed));
+  target_->synchronize();  // the provider's sends from `proof` before it is freed
   if (!proven) return fail(std::move(proven).error());
   if ((*proven)->type != REDIS_REPLY_STATUS) {
     return fail(ErrorCode::kInvalidArgument, "DMA.PROVE returned something other than OK");
