@@ -37,7 +37,7 @@ const std::array<Setting<Configuration>, 9> kConfigurationSettings{{
      "domain (interface) names to open, e.g. `lo`, `eth0`, `rdmap0s6-rdm`; empty: any"},
     {"bind", "bind", Kind::kString, 0, 0,
      [](Configuration& c, Value&& v) { c.bind = std::get<std::string>(std::move(v)); },
-     [](const Configuration& c) { return c.bind ? toml_string(*c.bind) : std::string("unset"); },
+     [](const Configuration& c) { return c.bind ? toml_string(*c.bind) : std::string(); },
      "local address to bind to (fi_getinfo node with FI_SOURCE); ignored by shm"},
     {"max_in_flight", "max-in-flight", Kind::kInteger, 0, kUnbounded,
      [](Configuration& c, Value&& v) { c.max_in_flight = number_of(v); },
@@ -89,17 +89,21 @@ const std::array<Setting<ModuleOptions>, 2> kModuleSettings{{
 std::string_view kind_name(Kind kind) {
   switch (kind) {
     case Kind::kStringList:
-      return "strings";
+      return "strings (argument: comma list)";
     case Kind::kString:
       return "string";
     case Kind::kBoolean:
-      return "boolean";
+      return "`true` or `false`";
     case Kind::kInteger:
       return "integer";
     case Kind::kMilliseconds:
       return "milliseconds";
   }
   return "?";
+}
+
+std::string default_text(const std::string& shown) {
+  return shown.empty() ? std::string("unset") : '`' + shown + '`';
 }
 
 template <typename Target>
@@ -113,7 +117,7 @@ void append_rows(std::string& out, std::span<const Setting<Target>> table) {
     out += " | `" + std::string(setting.argument_name) + "` | " +
            std::string(kind_name(setting.kind)) + " | " +
            (numeric ? describe_range(setting.minimum, setting.maximum) : std::string()) +
-           " | `" + setting.show(defaults) + "` | " + std::string(setting.help) + " |\n";
+           " | " + default_text(setting.show(defaults)) + " | " + std::string(setting.help) + " |\n";
   }
 }
 
@@ -143,7 +147,7 @@ std::string known_argument_names() {
 }
 
 std::string describe_range(std::uint64_t minimum, std::uint64_t maximum) {
-  if (maximum == kUnbounded) return ">= " + std::to_string(minimum);
+  if (maximum == kUnbounded) return std::to_string(minimum) + "..2^63-1";
   return std::to_string(minimum) + ".." + std::to_string(maximum);
 }
 

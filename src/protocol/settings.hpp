@@ -58,10 +58,11 @@ struct Setting {
   std::string_view toml_name;      // the key in a TOML file; empty for module-only settings
   std::string_view argument_name;  // the module load argument
   Kind kind;
-  std::uint64_t minimum;  // integers only; kUnbounded as maximum means "no upper bound"
+  std::uint64_t minimum;  // integers only; kUnbounded as maximum: as far as TOML integers go
   std::uint64_t maximum;
   void (*apply)(Target&, Value&&);
-  // The setting's current value in TOML spelling, for the README's defaults and the tests.
+  // The setting's current value in TOML spelling ("" when unset), for the README's defaults and
+  // the tests.
   std::string (*show)(const Target&);
   std::string_view help;
 };
@@ -74,7 +75,7 @@ std::span<const Setting<ModuleOptions>> module_settings();
 std::string known_toml_keys();
 std::string known_argument_names();
 
-// A range in words: "1..256", or ">= 0" without an upper bound.
+// A range in words: "1..256"; "0..2^63-1" for kUnbounded (TOML integers stop there).
 std::string describe_range(std::uint64_t minimum, std::uint64_t maximum);
 
 // The README's table of every setting (a Markdown table, one row per setting, with its default).
