@@ -18,8 +18,7 @@ namespace dma {
 namespace {
 
 // Keys from the file, and toml++'s descriptions that may quote the file, end up in error replies
-// and logs, so they are shown through escape_for_log (dma/protocol.hpp).
-std::string quote(std::string_view text) { return quote_for_log(text); }
+// and logs: they are shown only through quote_for_log and escape_for_log (dma/protocol.hpp).
 
 std::string_view type_name(toml::node_type type) {
   switch (type) {
@@ -70,7 +69,7 @@ Result<std::vector<std::string>> string_array(const toml::node& node, std::strin
                                               const Locator& locator) {
   const toml::array* array = node.as_array();
   if (array == nullptr) {
-    return fail(ErrorCode::kConfiguration, locator.at(node.source()) + quote(key) +
+    return fail(ErrorCode::kConfiguration, locator.at(node.source()) + quote_for_log(key) +
                                                " must be an array of strings, not " +
                                                std::string(type_name(node.type())));
   }
@@ -81,7 +80,7 @@ Result<std::vector<std::string>> string_array(const toml::node& node, std::strin
     const toml::value<std::string>* text = element.as_string();
     if (text == nullptr) {
       return fail(ErrorCode::kConfiguration,
-                  locator.at(element.source()) + quote(key) + "[" + std::to_string(i) +
+                  locator.at(element.source()) + quote_for_log(key) + "[" + std::to_string(i) +
                       "] must be a string, not " + std::string(type_name(element.type())));
     }
     strings.push_back(text->get());
@@ -95,19 +94,19 @@ Result<std::uint64_t> integer_in(const toml::node& node, std::string_view key,
                                  const Locator& locator) {
   const toml::value<std::int64_t>* number = node.as_integer();
   if (number == nullptr) {
-    return fail(ErrorCode::kConfiguration, locator.at(node.source()) + quote(key) +
+    return fail(ErrorCode::kConfiguration, locator.at(node.source()) + quote_for_log(key) +
                                                " must be an integer, not " +
                                                std::string(type_name(node.type())));
   }
   const std::int64_t value = number->get();
   if (value < 0 || static_cast<std::uint64_t>(value) < minimum) {
     return fail(ErrorCode::kConfiguration,
-                locator.at(node.source()) + quote(key) + " must be an integer >= " +
+                locator.at(node.source()) + quote_for_log(key) + " must be an integer >= " +
                     std::to_string(minimum) + ", not " + std::to_string(value));
   }
   if (static_cast<std::uint64_t>(value) > maximum) {
     return fail(ErrorCode::kConfiguration,
-                locator.at(node.source()) + quote(key) + " must be an integer <= " +
+                locator.at(node.source()) + quote_for_log(key) + " must be an integer <= " +
                     std::to_string(maximum) + ", not " + std::to_string(value));
   }
   return static_cast<std::uint64_t>(value);
@@ -118,9 +117,9 @@ Result<settings::Value> value_of(const settings::Setting<Configuration>& setting
                                  const toml::node& node, const Locator& locator) {
   const std::string_view key = setting.toml_name;
   auto wrong_type = [&](std::string_view wanted) {
-    return fail(ErrorCode::kConfiguration, locator.at(node.source()) + quote(key) + " must be " +
-                                               std::string(wanted) + ", not " +
-                                               std::string(type_name(node.type())));
+    return fail(ErrorCode::kConfiguration,
+                locator.at(node.source()) + quote_for_log(key) + " must be " +
+                    std::string(wanted) + ", not " + std::string(type_name(node.type())));
   };
   switch (setting.kind) {
     case settings::Kind::kStringList: {
@@ -160,7 +159,7 @@ Result<Configuration> from_table(const toml::table& table, const Locator& locato
     });
     if (setting == known.end()) {
       return fail(ErrorCode::kConfiguration, locator.at(key.source()) + "unknown key " +
-                                                 quote(name) + " (known keys: " +
+                                                 quote_for_log(name) + " (known keys: " +
                                                  settings::known_toml_keys() + ")");
     }
     DMA_TRY_ASSIGN(settings::Value value, value_of(*setting, node, locator));
@@ -268,7 +267,8 @@ Status Configuration::validate() const {
                 "crc_threads must be at most " + std::to_string(settings::kMaxCrcThreads) +
                     ", not " + std::to_string(crc_threads));
   }
-  constexpr auto kMaxDeadline = static_cast<std::chrono::milliseconds::rep>(settings::kMaxDeadlineMs);
+  constexpr auto kMaxDeadline =
+      static_cast<std::chrono::milliseconds::rep>(settings::kMaxDeadlineMs);
   if (progress_deadline.count() <= 0) {
     return fail(ErrorCode::kConfiguration, "progress_deadline_ms must be positive, not " +
                                                std::to_string(progress_deadline.count()));

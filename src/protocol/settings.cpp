@@ -117,7 +117,8 @@ void append_rows(std::string& out, std::span<const Setting<Target>> table) {
     out += " | `" + std::string(setting.argument_name) + "` | " +
            std::string(kind_name(setting.kind)) + " | " +
            (numeric ? describe_range(setting.minimum, setting.maximum) : std::string()) +
-           " | " + default_text(setting.show(defaults)) + " | " + std::string(setting.help) + " |\n";
+           " | " + default_text(setting.show(defaults)) + " | " + std::string(setting.help) +
+           " |\n";
   }
 }
 
