@@ -365,6 +365,24 @@ TEST(ConfigurationSchema, EachUnknownKeyMessageListsEveryNameOfItsTables) {
   }
 }
 
+TEST(ConfigurationSchema, AHugeOrHostileModuleArgumentIsClippedAndEscapedInTheError) {
+  // Breaks: a megabyte-long or CR/LF-laden argument is written whole into the server's log at
+  // load time (fuzz/ found the long one once the error was checked like client errors).
+  for (const std::vector<std::string>& arguments :
+       {std::vector<std::string>{std::string(100000, 'x'), "1"},
+        std::vector<std::string>{"always-register-operands", std::string(100000, 'y')},
+        std::vector<std::string>{"providers", "tcp", std::string(100000, 'z')}}) {
+    auto refused = from_arguments(arguments);
+    ASSERT_FALSE(refused);
+    const std::string& message = refused.error().message();
+    EXPECT_LT(message.size(), 400u) << message.substr(0, 400);
+    EXPECT_TRUE(contains(message, "(100000 bytes)")) << message.substr(0, 400);
+  }
+  auto forged = from_arguments({"bad\r\nFAKE LOG", "1"});
+  ASSERT_FALSE(forged);
+  EXPECT_TRUE(contains(forged.error().message(), "bad\\x0d\\x0aFAKE LOG"));
+}
+
 TEST(ConfigurationSchema, ValidateHoldsAProgrammaticConfigurationToTheSameRanges) {
   // Breaks: a Configuration built in code runs with a deadline whose nanosecond comparison
   // overflows (every transfer times out at once) or a CRC pool of thousands of threads.

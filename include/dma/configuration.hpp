@@ -79,7 +79,7 @@ struct ModuleOptions {
 // kebab-case name (providers and interfaces as comma lists, always-register-operands as true or
 // false), plus services-per-domain and max-value-size. The last of a repeated name wins. An
 // unknown name, a missing value, a bad number or one out of its range fails with kConfiguration,
-// naming the argument (escaped with escape_for_log, since the message is logged).
+// naming the argument (quoted with quote_for_log and clipped, since the message is logged).
 Result<ModuleOptions> parse_module_arguments(std::span<const std::string> arguments);
 
 // The libfabric provider name a configuration name stands for ("tcp" -> "tcp;ofi_rxm").

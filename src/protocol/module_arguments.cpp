@@ -24,8 +24,9 @@ std::vector<std::string> split_list(std::string_view text) {
   return out;
 }
 
-// `value` read for `setting` as its kind says. The argument's name comes from the table, its
-// value from the server's command line, which ends up in the log: shown through escape_for_log.
+// `value` read for `setting` as its kind says. The argument's name comes from the table; its
+// value, and any unknown name, from the server's command line into the log: shown only through
+// quote_for_log, clipped so that a huge argument cannot flood the log (found by fuzz/).
 template <typename Target>
 Result<settings::Value> value_of(const settings::Setting<Target>& setting,
                                  const std::string& value) {
@@ -39,8 +40,8 @@ Result<settings::Value> value_of(const settings::Setting<Target>& setting,
       if (value == "true") return settings::Value(true);
       if (value == "false") return settings::Value(false);
       return fail(ErrorCode::kConfiguration, "module argument " + name +
-                                                 " must be true or false, not '" +
-                                                 escape_for_log(value) + "'");
+                                                 " must be true or false, not " +
+                                                 quote_for_log(value, kMaxQuotedBytes));
     case settings::Kind::kInteger:
     case settings::Kind::kMilliseconds: {
       auto number = parse_decimal(value, name);
@@ -75,8 +76,8 @@ Result<ModuleOptions> parse_module_arguments(std::span<const std::string> argume
   ModuleOptions options;
   if (arguments.size() % 2 != 0) {
     return fail(ErrorCode::kConfiguration,
-                "module argument '" + escape_for_log(arguments.back()) +
-                    "' has no value (arguments are name value pairs)");
+                "module argument " + quote_for_log(arguments.back(), kMaxQuotedBytes) +
+                    " has no value (arguments are name value pairs)");
   }
   for (std::size_t index = 0; index < arguments.size(); index += 2) {
     const std::string& name = arguments[index];
@@ -88,8 +89,9 @@ Result<ModuleOptions> parse_module_arguments(std::span<const std::string> argume
       DMA_TRY_ASSIGN(settings::Value parsed, value_of(*own, value));
       own->apply(options, std::move(parsed));
     } else {
-      return fail(ErrorCode::kConfiguration, "unknown module argument '" + escape_for_log(name) +
-                                                 "' (known: " + settings::known_argument_names() +
+      return fail(ErrorCode::kConfiguration, "unknown module argument " +
+                                                 quote_for_log(name, kMaxQuotedBytes) +
+                                                 " (known: " + settings::known_argument_names() +
                                                  ")");
     }
   }
