@@ -20,21 +20,7 @@ std::string_view as_text(std::span<const std::uint8_t> input) {
 }
 
 // Shows arbitrary bytes in a violation message without spilling control bytes on the terminal.
-std::string shown(std::string_view text) {
-  static constexpr char kDigits[] = "0123456789abcdef";
-  std::string out = "\"";
-  for (char c : text) {
-    const auto byte = static_cast<unsigned char>(c);
-    if (byte < 0x20 || byte >= 0x7f || c == '"' || c == '\\') {
-      out += "\\x";
-      out += kDigits[byte >> 4];
-      out += kDigits[byte & 0xf];
-    } else {
-      out += c;
-    }
-  }
-  return out + '"';
-}
+std::string shown(std::string_view text) { return quote_for_log(text); }
 
 bool is_hex_digit(char c) {
   return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f') || (c >= 'A' && c <= 'F');
@@ -297,18 +283,24 @@ Violation check_module_options(const std::vector<std::string>& arguments) {
     if (options.error().code() != ErrorCode::kConfiguration) {
       return "parse_module_arguments failed with a code other than kConfiguration";
     }
-    return std::nullopt;
+    // The message is logged at load time: nothing in it may start a line of its own.
+    return check_client_error(options.error(), "parse_module_arguments");
   }
   if (arguments.size() % 2 != 0) return "parse_module_arguments accepted an unpaired argument";
   if (auto valid = options->configuration.validate(); !valid) {
     return "parse_module_arguments accepted options validate() refuses: " +
            valid.error().message();
   }
+  // The ranges README.md documents (src/protocol/settings.hpp), spelled out again here so that
+  // a table change that widens one is caught.
   const Configuration& configuration = options->configuration;
+  constexpr std::int64_t kMaxDeadline = std::numeric_limits<std::int32_t>::max();
   if (options->services_per_domain < 1 || options->services_per_domain > 64 ||
       options->max_value_size < 1 || configuration.crc_threads < 1 ||
       configuration.crc_threads > 256 || configuration.progress_deadline.count() < 1 ||
-      configuration.progress_deadline.count() > std::numeric_limits<std::int32_t>::max()) {
+      configuration.progress_deadline.count() > kMaxDeadline ||
+      configuration.completion_deadline.count() < 0 ||
+      configuration.completion_deadline.count() > kMaxDeadline) {
     return std::string("parse_module_arguments accepted an option out of its range");
   }
   for (const auto* list : {&configuration.providers, &configuration.interfaces}) {
@@ -330,8 +322,12 @@ Violation check_module_options(const std::vector<std::string>& arguments) {
     std::optional<std::uint64_t> got;
     if (name == "services-per-domain") got = options->services_per_domain;
     if (name == "max-in-flight") got = configuration.max_in_flight;
+    if (name == "max-piece-bytes") got = configuration.max_piece_bytes;
     if (name == "progress-deadline-ms") {
       got = static_cast<std::uint64_t>(configuration.progress_deadline.count());
+    }
+    if (name == "completion-deadline-ms") {
+      got = static_cast<std::uint64_t>(configuration.completion_deadline.count());
     }
     if (name == "max-value-size") got = options->max_value_size;
     if (name == "crc-threads") got = configuration.crc_threads;
@@ -341,6 +337,11 @@ Violation check_module_options(const std::vector<std::string>& arguments) {
     }
     if (name == "bind" && configuration.bind != arguments[index + 1]) {
       return "parse_module_arguments did not keep bind " + shown(arguments[index + 1]);
+    }
+    if (name == "always-register-operands" &&
+        configuration.always_register_operands != (arguments[index + 1] == "true")) {
+      return "parse_module_arguments read always-register-operands " +
+             shown(arguments[index + 1]) + " wrongly";
     }
   }
   return std::nullopt;
@@ -475,8 +476,8 @@ Violation configuration(std::span<const std::uint8_t> input) {
     if (message.empty()) return std::string("parse_toml: an empty error message");
     for (char c : message) {
       const auto byte = static_cast<unsigned char>(c);
-      if (byte < 0x20 || byte == 0x7f) {
-        return "parse_toml: an error message with a control byte: " + shown(message);
+      if (byte < 0x20 || byte >= 0x7f) {
+        return "parse_toml: an error message with a non-printable byte: " + shown(message);
       }
     }
     return std::nullopt;

@@ -15,18 +15,6 @@
 namespace dma::module {
 namespace {
 
-std::vector<std::string> split_list(std::string_view text) {
-  std::vector<std::string> out;
-  while (!text.empty()) {
-    const std::size_t comma = text.find(',');
-    std::string_view item = text.substr(0, comma);
-    if (!item.empty()) out.emplace_back(item);
-    if (comma == std::string_view::npos) break;
-    text.remove_prefix(comma + 1);
-  }
-  return out;
-}
-
 bool equals_ignoring_case(std::string_view left, std::string_view right) {
   return left.size() == right.size() &&
          std::equal(left.begin(), left.end(), right.begin(), [](char a, char b) {
@@ -35,102 +23,7 @@ bool equals_ignoring_case(std::string_view left, std::string_view right) {
          });
 }
 
-// An argument as it may appear in a log line: control and non-ASCII bytes as \xNN, so an
-// argument cannot forge log lines (found by fuzz/: module_arguments).
-std::string printable(std::string_view text) {
-  static constexpr char kHex[] = "0123456789abcdef";
-  std::string out;
-  for (const char c : text) {
-    const auto byte = static_cast<unsigned char>(c);
-    if (byte >= 0x20 && byte < 0x7f && byte != '\\') {
-      out += c;
-    } else {
-      out += "\\x";
-      out += kHex[byte >> 4];
-      out += kHex[byte & 15];
-    }
-  }
-  return out;
-}
-
 }  // namespace
-
-Result<ModuleOptions> parse_module_arguments(std::span<const std::string> arguments) {
-  ModuleOptions options;
-  if (arguments.size() % 2 != 0) {
-    return fail(ErrorCode::kConfiguration,
-                "module argument '" + printable(arguments.back()) + "' has no value (arguments are name value pairs)");
-  }
-  for (std::size_t index = 0; index < arguments.size(); index += 2) {
-    const std::string& name = arguments[index];
-    const std::string& value = arguments[index + 1];
-    auto number = [&]() -> Result<std::uint64_t> {
-      auto parsed = parse_decimal(value, name);
-      if (!parsed) {
-        return fail(ErrorCode::kConfiguration,
-                    "module argument " + name + ": " + parsed.error().message());
-      }
-      return parsed;
-    };
-    if (name == "providers") {
-      options.configuration.providers = split_list(value);
-    } else if (name == "interfaces") {
-      options.configuration.interfaces = split_list(value);
-    } else if (name == "bind") {
-      options.configuration.bind = value;
-    } else if (name == "services-per-domain") {
-      auto parsed = number();
-      if (!parsed) return fail(std::move(parsed).error());
-      if (*parsed == 0 || *parsed > 64) {
-        return fail(ErrorCode::kConfiguration,
-                    "module argument services-per-domain must be 1..64, not " + value);
-      }
-      options.services_per_domain = *parsed;
-    } else if (name == "max-in-flight") {
-      auto parsed = number();
-      if (!parsed) return fail(std::move(parsed).error());
-      options.configuration.max_in_flight = *parsed;
-    } else if (name == "progress-deadline-ms") {
-      auto parsed = number();
-      if (!parsed) return fail(std::move(parsed).error());
-      if (*parsed > std::uint64_t{std::numeric_limits<std::int32_t>::max()}) {
-        return fail(ErrorCode::kConfiguration, "module argument progress-deadline-ms is too large");
-      }
-      options.configuration.progress_deadline = std::chrono::milliseconds(*parsed);
-    } else if (name == "completion-deadline-ms") {
-      auto parsed = number();
-      if (!parsed) return fail(std::move(parsed).error());
-      if (*parsed > std::uint64_t{std::numeric_limits<std::int32_t>::max()}) {
-        return fail(ErrorCode::kConfiguration, "module argument completion-deadline-ms is too large");
-      }
-      options.configuration.completion_deadline = std::chrono::milliseconds(*parsed);
-    } else if (name == "max-value-size") {
-      auto parsed = number();
-      if (!parsed) return fail(std::move(parsed).error());
-      if (*parsed == 0) {
-        return fail(ErrorCode::kConfiguration, "module argument max-value-size must be positive");
-      }
-      options.max_value_size = *parsed;
-    } else if (name == "crc-threads") {
-      auto parsed = number();
-      if (!parsed) return fail(std::move(parsed).error());
-      if (*parsed > 256) {
-        return fail(ErrorCode::kConfiguration, "module argument crc-threads is too large: " + value);
-      }
-      options.configuration.crc_threads = *parsed;
-    } else {
-      return fail(ErrorCode::kConfiguration,
-                  "unknown module argument '" + printable(name) +
-                      "' (known: providers, interfaces, services-per-domain, max-in-flight, "
-                      "progress-deadline-ms, completion-deadline-ms, max-value-size, crc-threads, "
-                      "bind)");
-    }
-  }
-  if (Status valid = options.configuration.validate(); !valid) {
-    return fail(ErrorCode::kConfiguration, "module arguments: " + valid.error().message());
-  }
-  return options;
-}
 
 Result<ParsedRegions> parse_regions(std::span<const std::string_view> fields) {
   if (fields.empty() || fields.size() % 3 != 0) {

@@ -1,4 +1,4 @@
-// The module's server-independent logic: load arguments, DMA.GET/DMA.SET argument parsing, the
+// The module's server-independent logic: DMA.GET/DMA.SET argument parsing, the
 // per-transfer contexts and the counters. Nothing here includes the Redis module API, so tests
 // can link it (dma_module_core) without a server.
 //
@@ -26,20 +26,12 @@
 
 namespace dma::module {
 
-inline constexpr std::size_t kDefaultMaxValueSize = std::size_t{512} << 20;
-
-// What `--loadmodule dma.so [name value]...` configures.
-struct ModuleOptions {
-  Configuration configuration;
-  std::size_t services_per_domain = 1;
-  std::size_t max_value_size = kDefaultMaxValueSize;
-};
-
-// Parses the load arguments as name/value pairs: providers and interfaces (comma lists),
-// services-per-domain, max-in-flight, progress-deadline-ms, completion-deadline-ms,
-// max-value-size, crc-threads, bind.
-// An unknown name, a missing value or a bad number fails, naming the argument.
-Result<ModuleOptions> parse_module_arguments(std::span<const std::string> arguments);
+// The load arguments (`--loadmodule dma.so [name value]...`) are parsed by the library, next to
+// the TOML parser, from the one configuration schema (dma/configuration.hpp,
+// src/protocol/settings.hpp); the module names them here as it always has.
+using dma::kDefaultMaxValueSize;
+using dma::ModuleOptions;
+using dma::parse_module_arguments;
 
 // The remote regions named by `fields` (a multiple of three: rkey addr len), with their total.
 struct ParsedRegions {

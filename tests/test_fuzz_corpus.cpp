@@ -87,5 +87,22 @@ TEST(FuzzTargets, ValidInputsInOddSpellingsAreNotReportedAsViolations) {
             std::nullopt);
 }
 
+TEST(FuzzTargets, TheSchemasBoundsHoldInBothParsersAsTheTargetsCheckThem) {
+  // Breaks: the targets' independent reference of the ranges (crc-threads 1..256, deadlines up
+  // to 2^31-1 ms) and the schema disagree, so fuzzing either reports false crashes at the bounds
+  // or misses a parser that widened one.
+  EXPECT_EQ(module_arguments(bytes_of("crc-threads 256 completion-deadline-ms 2147483647 "
+                                      "progress-deadline-ms 2147483647")),
+            std::nullopt);
+  EXPECT_EQ(module_arguments(bytes_of("always-register-operands true max-piece-bytes 4096")),
+            std::nullopt);
+  EXPECT_EQ(module_arguments(bytes_of("crc-threads 257")), std::nullopt);
+  EXPECT_EQ(configuration(bytes_of("crc_threads = 256\ncompletion_deadline_ms = 2147483647\n")),
+            std::nullopt);
+  EXPECT_EQ(configuration(bytes_of("completion_deadline_ms = 2147483648\n")), std::nullopt);
+  // A key spelling a non-ASCII character by escape is refused with the bytes escaped.
+  EXPECT_EQ(configuration(bytes_of("\"\\u00e9\" = 1\n")), std::nullopt);
+}
+
 }  // namespace
 }  // namespace dma::fuzz

@@ -1,4 +1,5 @@
-// The advertisement wire form, its strict parsing, hex, and CRC32C.
+// The advertisement wire form, its strict parsing, hex, CRC32C, and the escaping of outside text
+// in error messages.
 #include <gtest/gtest.h>
 
 #include <cstddef>
@@ -63,6 +64,34 @@ TEST(Crc32c, ExtendingPieceByPieceEqualsTheWhole) {
   }
   EXPECT_EQ(crc32c_extend(crc32c("1234"), std::as_bytes(std::span<const char>("56789", 5))),
             0xE3069283u);
+}
+
+TEST(Crc32c, FlippingAnySingleBitOfTheBufferChangesTheChecksum) {
+  // Breaks: a one-bit corruption in transit (the error CRC32C exists to catch) goes unnoticed
+  // at some bit position, e.g. because a chunk boundary or the tail is skipped.
+  std::vector<std::byte> bytes(67);  // odd, to reach isa-l's tail handling past 8-byte words
+  for (std::size_t i = 0; i < bytes.size(); ++i) bytes[i] = std::byte(i * 131 + 17);
+  const std::uint32_t original = crc32c(bytes);
+  for (std::size_t bit = 0; bit < bytes.size() * 8; ++bit) {
+    bytes[bit / 8] ^= std::byte(1u << (bit % 8));
+    EXPECT_NE(crc32c(bytes), original) << "bit " << bit;
+    bytes[bit / 8] ^= std::byte(1u << (bit % 8));
+  }
+  EXPECT_EQ(crc32c(bytes), original);
+}
+
+TEST(Crc32c, SwappingTwoBlocksChangesTheChecksum) {
+  // Breaks: pieces of a transfer landing in the wrong order (two RMA pieces swapped) still pass
+  // the checksum, as they would with an order-blind sum.
+  std::vector<std::byte> bytes(128);
+  for (std::size_t i = 0; i < bytes.size(); ++i) bytes[i] = std::byte(i * 7 + 3);
+  const std::uint32_t original = crc32c(bytes);
+  std::vector<std::byte> swapped(bytes.begin() + 64, bytes.end());
+  swapped.insert(swapped.end(), bytes.begin(), bytes.begin() + 64);
+  EXPECT_NE(crc32c(swapped), original);
+  // And two distinct single bytes, the smallest reordering.
+  std::swap(bytes[10], bytes[90]);
+  EXPECT_NE(crc32c(bytes), original);
 }
 
 // --- hex ------------------------------------------------------------------------------------
@@ -130,6 +159,24 @@ TEST(Decimal, OneMoreThanTheLargestU64IsAnError) {
   EXPECT_FALSE(parse_decimal("184467440737095516150", "rkey"));
 }
 
+TEST(Decimal, SignsAndWhitespaceAreRefusedAsNotDecimal) {
+  // Breaks: a key has several spellings (" 1", "+1", "1\n"), or "-1" wraps to the largest key,
+  // because the parser skips what std::from_chars refuses.
+  for (const char* text : {"+1", "-1", " 1", "1 ", "\t1", "1\n", "0x10", "1e3", "1.0", "1_000"}) {
+    const std::string message = error_of(parse_decimal(text, "rkey"));
+    EXPECT_NE(message.find("is not a decimal number"), std::string::npos) << message;
+  }
+}
+
+TEST(Decimal, AnOverflowIsReportedEvenWithJunkAfterTheDigits) {
+  // Breaks: "99999999999999999999x" is reported as not decimal, hiding that the digits alone
+  // already overflow (the message the tests and operators rely on).
+  EXPECT_EQ(error_of(parse_decimal("99999999999999999999x", "len")),
+            "len \"99999999999999999999x\" does not fit in 64 bits");
+  EXPECT_EQ(error_of(parse_decimal("1x99999999999999999999", "len")),
+            "len \"1x99999999999999999999\" is not a decimal number");
+}
+
 TEST(Decimal, LeadingZerosAreStillDecimal) {
   // Breaks: a zero-padded key is read as octal or refused.
   auto value = parse_decimal("00010", "rkey");
@@ -149,6 +196,40 @@ TEST(Decimal, AVeryLongFieldIsClippedInTheError) {
   // Breaks: a megabyte-long field is copied whole into the log line and the reply.
   const std::string message = error_of(parse_decimal(std::string(100000, 'x'), "rkey"));
   EXPECT_LT(message.size(), 200u) << message;
+}
+
+// --- escaping outside text ------------------------------------------------------------------
+
+TEST(EscapeForLog, PrintableAsciiPassesThroughUnchanged) {
+  // Breaks: ordinary names and numbers in error messages become unreadable.
+  EXPECT_EQ(escape_for_log("max-in-flight 64 ~!@#$%^&*()'"), "max-in-flight 64 ~!@#$%^&*()'");
+  EXPECT_EQ(escape_for_log(""), "");
+}
+
+TEST(EscapeForLog, ControlBytesAreEscapedSoNoMessageCanSplitALine) {
+  // Breaks: a CR/LF from an advertisement, key or module argument splits the RESP error reply
+  // or forges a line in the server's log.
+  EXPECT_EQ(escape_for_log("a\r\nb"), "a\\x0d\\x0ab");
+  EXPECT_EQ(escape_for_log(std::string_view("\0\x1f\x7f", 3)), "\\x00\\x1f\\x7f");
+}
+
+TEST(EscapeForLog, NonAsciiBytesAreEscapedOneByOne) {
+  // Breaks: invalid UTF-8 or terminal escape sequences reach log viewers as raw bytes.
+  EXPECT_EQ(escape_for_log("\xc3\xa9\xff"), "\\xc3\\xa9\\xff");
+}
+
+TEST(EscapeForLog, QuotesAndBackslashesAreEscapedSoTheEscapingIsUnambiguous) {
+  // Breaks: an input spelling "\x0a" literally, or a '"' closing the quote early, reads the same
+  // as a different input in the message.
+  EXPECT_EQ(escape_for_log("\\x0a\""), "\\x5cx0a\\x22");
+}
+
+TEST(EscapeForLog, QuotingClipsLongTextAndSaysHowLongItWas) {
+  // Breaks: a megabyte-long field is copied whole into the reply, or the clip hides its size.
+  EXPECT_EQ(quote_for_log("abc"), "\"abc\"");
+  EXPECT_EQ(quote_for_log("abcdef", 3), "\"abc\"... (6 bytes)");
+  EXPECT_EQ(quote_for_log("abc", 3), "\"abc\"");
+  EXPECT_EQ(quote_for_log("a\nb", 2), "\"a\\x0a\"... (3 bytes)");
 }
 
 // --- advertisements -------------------------------------------------------------------------

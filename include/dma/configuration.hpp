@@ -1,11 +1,19 @@
 // How a service or target opens its endpoint: which providers, which domains, and the limits of
-// the transfer loop. A plain value; copy it freely between threads.
+// the transfer loop; and the Redis module's load arguments, which are a Configuration and two
+// limits of the module's own.
+//
+// Both ways in, a TOML file (Configuration::load/parse_toml) and the module's name/value load
+// arguments (parse_module_arguments), are driven by one schema (src/protocol/settings.hpp): the
+// same names (snake_case in files, kebab-case as arguments), types, ranges and help text, and
+// README.md's "Configuration" section is that schema rendered (tests/test_configuration.cpp
+// checks it). Plain values and pure functions; copy them freely between threads.
 #pragma once
 
 #include <chrono>
 #include <cstddef>
 #include <filesystem>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -47,14 +55,32 @@ struct Configuration {
   std::size_t max_piece_bytes = 0;
 
   // Reads a TOML file whose keys are the fields above (durations in milliseconds, named
-  // progress_deadline_ms and completion_deadline_ms; also always_register_operands and
-  // max_piece_bytes). Unknown keys, wrong types and non-ASCII bytes are errors
-  // that name the key or the position.
+  // progress_deadline_ms and completion_deadline_ms). Unknown keys, wrong types, values out of
+  // their range and non-ASCII bytes are errors that name the key and the position.
   static Result<Configuration> load(const std::filesystem::path& path);
   static Result<Configuration> parse_toml(std::string_view text);
-  // Checks the ranges (non-empty providers, crc_threads >= 1, positive progress deadline).
+  // Checks the ranges: non-empty providers, none empty; crc_threads 1..256; progress deadline
+  // 1..2^31-1 ms, completion deadline 0..2^31-1 ms (why: src/protocol/settings.hpp).
   Status validate() const;
 };
+
+inline constexpr std::size_t kDefaultMaxValueSize = std::size_t{512} << 20;
+
+// What the Redis module's load arguments (`--loadmodule dma.so [name value]...`) configure.
+struct ModuleOptions {
+  Configuration configuration;
+  // Fabric services (endpoints) opened on each domain; transfers go to the least loaded.
+  std::size_t services_per_domain = 1;
+  // Largest value DMA.SET accepts, in bytes.
+  std::size_t max_value_size = kDefaultMaxValueSize;
+};
+
+// Parses the module's load arguments as name/value pairs: every Configuration field under its
+// kebab-case name (providers and interfaces as comma lists, always-register-operands as true or
+// false), plus services-per-domain and max-value-size. The last of a repeated name wins. An
+// unknown name, a missing value, a bad number or one out of its range fails with kConfiguration,
+// naming the argument (quoted with quote_for_log and clipped, since the message is logged).
+Result<ModuleOptions> parse_module_arguments(std::span<const std::string> arguments);
 
 // The libfabric provider name a configuration name stands for ("tcp" -> "tcp;ofi_rxm").
 std::string canonical_provider(std::string_view name);

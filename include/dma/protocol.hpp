@@ -37,9 +37,30 @@ std::string hex_encode(std::span<const std::uint8_t> bytes);
 // Bytes of hex text, either case. Errors name the offending position.
 Result<std::vector<std::uint8_t>> hex_decode(std::string_view text);
 
-// A strict unsigned decimal: digits only, at least one, no sign or whitespace, fits in 64 bits.
-// `what` names the field in the error ("rkey", "length").
+// A strict unsigned decimal: digits only, at least one, no sign or whitespace, fits in 64 bits
+// (std::from_chars, which takes no sign, skips no whitespace and reports overflow). `what` names
+// the field in the error: "<what> is empty", "<what> \"<text>\" is not a decimal number" or
+// "... does not fit in 64 bits", the text quoted with quote_for_log(text, kMaxQuotedBytes).
 Result<std::uint64_t> parse_decimal(std::string_view text, std::string_view what);
+
+// ---- text from outside in error messages ----------------------------------------------------
+//
+// Error messages end up in RESP error replies and log lines. A CR/LF from a hostile
+// advertisement, module argument or configuration key would split the reply or forge a log line,
+// and a megabyte of it would flood the log. So every message quoting outside text goes through
+// these two, and nowhere else writes their escaping again.
+
+// How much of a field parse errors quote before clipping it.
+inline constexpr std::size_t kMaxQuotedBytes = 40;
+
+// `text` with every byte outside printable ASCII (0x20..0x7e), and '"' and '\', shown as \xNN
+// (lowercase hex), so that the result is one line of printable ASCII from which the input can be
+// read back unambiguously.
+std::string escape_for_log(std::string_view text);
+// escape_for_log(text) inside double quotes. Past `max_bytes` of input the rest is left out and
+// "... (<size> bytes)" follows the closing quote.
+std::string quote_for_log(std::string_view text,
+                          std::size_t max_bytes = std::string_view::npos);
 
 // "<hex> <key> <remote-address>" (single spaces).
 std::string to_wire(const Advertisement& advertisement);

@@ -1,5 +1,6 @@
 #include "dma/configuration.hpp"
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdint>
 #include <cstdio>
@@ -9,36 +10,15 @@
 
 #include <toml++/toml.h>
 
+#include "dma/protocol.hpp"
+#include "protocol/settings.hpp"
+
 namespace dma {
 
 namespace {
 
-// Every key a configuration file may hold. Anything else is an error, so that a misspelt key
-// ("max_inflight") fails loudly instead of silently leaving the default in force.
-constexpr std::string_view kKnownKeys =
-    "providers, interfaces, bind, max_in_flight, progress_deadline_ms, completion_deadline_ms, "
-    "crc_threads, always_register_operands, max_piece_bytes";
-
 // Keys from the file, and toml++'s descriptions that may quote the file, end up in error replies
-// and logs: control characters (and, inside quotes, quotes) are shown as \xNN so a file cannot
-// inject line breaks.
-std::string escape(std::string_view text, bool quoted = false) {
-  static constexpr char kDigits[] = "0123456789abcdef";
-  std::string out;
-  for (char c : text) {
-    const auto byte = static_cast<unsigned char>(c);
-    if (byte < 0x20 || byte == 0x7f || (quoted && (c == '"' || c == '\\'))) {
-      out += "\\x";
-      out += kDigits[byte >> 4];
-      out += kDigits[byte & 0xf];
-    } else {
-      out += c;
-    }
-  }
-  return out;
-}
-
-std::string quote(std::string_view text) { return '"' + escape(text, true) + '"'; }
+// and logs: they are shown only through quote_for_log and escape_for_log (dma/protocol.hpp).
 
 std::string_view type_name(toml::node_type type) {
   switch (type) {
@@ -89,7 +69,7 @@ Result<std::vector<std::string>> string_array(const toml::node& node, std::strin
                                               const Locator& locator) {
   const toml::array* array = node.as_array();
   if (array == nullptr) {
-    return fail(ErrorCode::kConfiguration, locator.at(node.source()) + quote(key) +
+    return fail(ErrorCode::kConfiguration, locator.at(node.source()) + quote_for_log(key) +
                                                " must be an array of strings, not " +
                                                std::string(type_name(node.type())));
   }
@@ -100,7 +80,7 @@ Result<std::vector<std::string>> string_array(const toml::node& node, std::strin
     const toml::value<std::string>* text = element.as_string();
     if (text == nullptr) {
       return fail(ErrorCode::kConfiguration,
-                  locator.at(element.source()) + quote(key) + "[" + std::to_string(i) +
+                  locator.at(element.source()) + quote_for_log(key) + "[" + std::to_string(i) +
                       "] must be a string, not " + std::string(type_name(element.type())));
     }
     strings.push_back(text->get());
@@ -108,73 +88,82 @@ Result<std::vector<std::string>> string_array(const toml::node& node, std::strin
   return strings;
 }
 
-Result<std::int64_t> integer_at_least(const toml::node& node, std::string_view key,
-                                      std::int64_t minimum, const Locator& locator) {
+// An integer within [minimum, maximum].
+Result<std::uint64_t> integer_in(const toml::node& node, std::string_view key,
+                                 std::uint64_t minimum, std::uint64_t maximum,
+                                 const Locator& locator) {
   const toml::value<std::int64_t>* number = node.as_integer();
   if (number == nullptr) {
-    return fail(ErrorCode::kConfiguration, locator.at(node.source()) + quote(key) +
+    return fail(ErrorCode::kConfiguration, locator.at(node.source()) + quote_for_log(key) +
                                                " must be an integer, not " +
                                                std::string(type_name(node.type())));
   }
-  if (number->get() < minimum) {
+  const std::int64_t value = number->get();
+  if (value < 0 || static_cast<std::uint64_t>(value) < minimum) {
     return fail(ErrorCode::kConfiguration,
-                locator.at(node.source()) + quote(key) + " must be an integer >= " +
-                    std::to_string(minimum) + ", not " + std::to_string(number->get()));
+                locator.at(node.source()) + quote_for_log(key) + " must be an integer >= " +
+                    std::to_string(minimum) + ", not " + std::to_string(value));
   }
-  return number->get();
+  if (static_cast<std::uint64_t>(value) > maximum) {
+    return fail(ErrorCode::kConfiguration,
+                locator.at(node.source()) + quote_for_log(key) + " must be an integer <= " +
+                    std::to_string(maximum) + ", not " + std::to_string(value));
+  }
+  return static_cast<std::uint64_t>(value);
 }
 
-// Fills a Configuration from a parsed document, starting from the defaults.
+// The value of `node` for `setting`, of the type the setting's kind names.
+Result<settings::Value> value_of(const settings::Setting<Configuration>& setting,
+                                 const toml::node& node, const Locator& locator) {
+  const std::string_view key = setting.toml_name;
+  auto wrong_type = [&](std::string_view wanted) {
+    return fail(ErrorCode::kConfiguration,
+                locator.at(node.source()) + quote_for_log(key) + " must be " +
+                    std::string(wanted) + ", not " + std::string(type_name(node.type())));
+  };
+  switch (setting.kind) {
+    case settings::Kind::kStringList: {
+      DMA_TRY_ASSIGN(std::vector<std::string> strings, string_array(node, key, locator));
+      return settings::Value(std::move(strings));
+    }
+    case settings::Kind::kString: {
+      const toml::value<std::string>* text = node.as_string();
+      if (text == nullptr) return wrong_type("a string");
+      return settings::Value(text->get());
+    }
+    case settings::Kind::kBoolean: {
+      const toml::value<bool>* flag = node.as_boolean();
+      if (flag == nullptr) return wrong_type("a boolean");
+      return settings::Value(flag->get());
+    }
+    case settings::Kind::kInteger:
+    case settings::Kind::kMilliseconds: {
+      DMA_TRY_ASSIGN(const std::uint64_t number,
+                     integer_in(node, key, setting.minimum, setting.maximum, locator));
+      return settings::Value(number);
+    }
+  }
+  return wrong_type("of a known kind");
+}
+
+// Fills a Configuration from a parsed document, starting from the defaults. Every key must be
+// a setting of the schema: anything else is an error, so that a misspelt key ("max_inflight")
+// fails loudly instead of silently leaving the default in force.
 Result<Configuration> from_table(const toml::table& table, const Locator& locator) {
   Configuration configuration;
+  const auto known = settings::configuration_settings();
   for (const auto& [key, node] : table) {
     const std::string_view name = key.str();
-    if (name == "providers" || name == "interfaces") {
-      auto strings = string_array(node, name, locator);
-      if (!strings) return fail(std::move(strings).error());
-      (name == "providers" ? configuration.providers : configuration.interfaces) =
-          std::move(*strings);
-    } else if (name == "bind") {
-      const toml::value<std::string>* text = node.as_string();
-      if (text == nullptr) {
-        return fail(ErrorCode::kConfiguration, locator.at(node.source()) + quote(name) +
-                                                   " must be a string, not " +
-                                                   std::string(type_name(node.type())));
-      }
-      configuration.bind = text->get();
-    } else if (name == "max_in_flight") {
-      auto number = integer_at_least(node, name, 0, locator);
-      if (!number) return fail(std::move(number).error());
-      configuration.max_in_flight = static_cast<std::size_t>(*number);
-    } else if (name == "progress_deadline_ms") {
-      auto number = integer_at_least(node, name, 1, locator);
-      if (!number) return fail(std::move(number).error());
-      configuration.progress_deadline = std::chrono::milliseconds(*number);
-    } else if (name == "completion_deadline_ms") {
-      auto number = integer_at_least(node, name, 0, locator);
-      if (!number) return fail(std::move(number).error());
-      configuration.completion_deadline = std::chrono::milliseconds(*number);
-    } else if (name == "crc_threads") {
-      auto number = integer_at_least(node, name, 1, locator);
-      if (!number) return fail(std::move(number).error());
-      configuration.crc_threads = static_cast<std::size_t>(*number);
-    } else if (name == "max_piece_bytes") {
-      auto number = integer_at_least(node, name, 0, locator);
-      if (!number) return fail(std::move(number).error());
-      configuration.max_piece_bytes = static_cast<std::size_t>(*number);
-    } else if (name == "always_register_operands") {
-      const toml::value<bool>* flag = node.as_boolean();
-      if (flag == nullptr) {
-        return fail(ErrorCode::kConfiguration, locator.at(node.source()) + quote(name) +
-                                                   " must be a boolean, not " +
-                                                   std::string(type_name(node.type())));
-      }
-      configuration.always_register_operands = flag->get();
-    } else {
+    const auto setting = std::find_if(known.begin(), known.end(), [&](const auto& candidate) {
+      return candidate.toml_name == name;
+    });
+    if (setting == known.end()) {
       return fail(ErrorCode::kConfiguration, locator.at(key.source()) + "unknown key " +
-                                                 quote(name) + " (known keys: " +
-                                                 std::string(kKnownKeys) + ")");
+                                                 quote_for_log(name) + " (known keys: " +
+                                                 settings::known_toml_keys() + ")");
     }
+    DMA_TRY_ASSIGN(settings::Value value, value_of(*setting, node, locator));
+    setting->apply(configuration, std::move(value));
   }
   if (auto valid = configuration.validate(); !valid) {
     return fail(ErrorCode::kConfiguration, locator.whole() + valid.error().message());
@@ -212,14 +201,15 @@ Result<Configuration> parse(std::string_view text, std::string_view path) {
     table = toml::parse(text, path);
   } catch (const toml::parse_error& error) {
     return fail(ErrorCode::kConfiguration,
-                locator.at(error.source()) + escape(error.description()));
+                locator.at(error.source()) + escape_for_log(error.description()));
   }
   return from_table(table, locator);
 #else
   toml::parse_result parsed = toml::parse(text, path);
   if (!parsed) {
     return fail(ErrorCode::kConfiguration,
-                locator.at(parsed.error().source()) + escape(parsed.error().description()));
+                locator.at(parsed.error().source()) +
+                    escape_for_log(parsed.error().description()));
   }
   return from_table(parsed.table(), locator);
 #endif
@@ -256,9 +246,8 @@ Result<std::string> read_file(const std::string& path) {
 
 Result<Configuration> Configuration::load(const std::filesystem::path& path) {
   const std::string name = path.string();
-  auto text = read_file(name);
-  if (!text) return fail(std::move(text).error());
-  return parse(*text, name);
+  DMA_TRY_ASSIGN(const std::string text, read_file(name));
+  return parse(text, name);
 }
 
 Result<Configuration> Configuration::parse_toml(std::string_view text) { return parse(text, {}); }
@@ -273,6 +262,13 @@ Status Configuration::validate() const {
     }
   }
   if (crc_threads < 1) return fail(ErrorCode::kConfiguration, "crc_threads must be at least 1");
+  if (crc_threads > settings::kMaxCrcThreads) {
+    return fail(ErrorCode::kConfiguration,
+                "crc_threads must be at most " + std::to_string(settings::kMaxCrcThreads) +
+                    ", not " + std::to_string(crc_threads));
+  }
+  constexpr auto kMaxDeadline =
+      static_cast<std::chrono::milliseconds::rep>(settings::kMaxDeadlineMs);
   if (progress_deadline.count() <= 0) {
     return fail(ErrorCode::kConfiguration, "progress_deadline_ms must be positive, not " +
                                                std::to_string(progress_deadline.count()));
@@ -280,6 +276,14 @@ Status Configuration::validate() const {
   if (completion_deadline.count() < 0) {
     return fail(ErrorCode::kConfiguration, "completion_deadline_ms must not be negative, not " +
                                                std::to_string(completion_deadline.count()));
+  }
+  for (const auto& [name, deadline] : {std::pair{"progress_deadline_ms", progress_deadline},
+                                       std::pair{"completion_deadline_ms", completion_deadline}}) {
+    if (deadline.count() > kMaxDeadline) {
+      return fail(ErrorCode::kConfiguration, std::string(name) + " must be at most " +
+                                                 std::to_string(kMaxDeadline) + ", not " +
+                                                 std::to_string(deadline.count()));
+    }
   }
   return {};
 }

@@ -2,48 +2,16 @@
 
 #include <isa-l/crc.h>
 
+#include <charconv>
 #include <climits>
-#include <limits>
+#include <system_error>
 
 namespace dma {
 
 namespace {
 
-// Error texts end up in RESP error replies and log lines, where a CR/LF from a hostile
-// advertisement would split the reply and a megabyte of it would flood the log. So quoted input
-// is clipped and every byte outside printable ASCII is shown as \xNN.
-constexpr std::size_t kMaxQuotedBytes = 40;
-
-void append_escaped(std::string& out, char c) {
-  static constexpr char kDigits[] = "0123456789abcdef";
-  const auto byte = static_cast<unsigned char>(c);
-  if (byte < 0x20 || byte >= 0x7f || c == '"' || c == '\\') {
-    out += "\\x";
-    out += kDigits[byte >> 4];
-    out += kDigits[byte & 0xf];
-  } else {
-    out += c;
-  }
-}
-
-std::string quote(std::string_view text) {
-  std::string out = "\"";
-  for (std::size_t i = 0; i < text.size() && i < kMaxQuotedBytes; ++i) append_escaped(out, text[i]);
-  out += '"';
-  if (text.size() > kMaxQuotedBytes) {
-    out += "... (";
-    out += std::to_string(text.size());
-    out += " bytes)";
-  }
-  return out;
-}
-
-std::string quote_char(char c) {
-  std::string out = "'";
-  append_escaped(out, c);
-  out += '\'';
-  return out;
-}
+// A byte of an address, for "non-hex character '<c>'" errors.
+std::string quote_char(char c) { return '\'' + escape_for_log(std::string_view(&c, 1)) + '\''; }
 
 // The value of one hex digit, or -1.
 int hex_value(char c) {
@@ -92,21 +60,46 @@ Result<std::vector<std::uint8_t>> hex_decode(std::string_view text) {
   return bytes;
 }
 
+std::string escape_for_log(std::string_view text) {
+  static constexpr char kDigits[] = "0123456789abcdef";
+  std::string out;
+  out.reserve(text.size());
+  for (const char c : text) {
+    const auto byte = static_cast<unsigned char>(c);
+    if (byte < 0x20 || byte >= 0x7f || c == '"' || c == '\\') {
+      out += "\\x";
+      out += kDigits[byte >> 4];
+      out += kDigits[byte & 0xf];
+    } else {
+      out += c;
+    }
+  }
+  return out;
+}
+
+std::string quote_for_log(std::string_view text, std::size_t max_bytes) {
+  std::string out = '"' + escape_for_log(text.substr(0, max_bytes)) + '"';
+  if (text.size() > max_bytes) out += "... (" + std::to_string(text.size()) + " bytes)";
+  return out;
+}
+
 Result<std::uint64_t> parse_decimal(std::string_view text, std::string_view what) {
   if (text.empty()) return fail(ErrorCode::kInvalidArgument, std::string(what) + " is empty");
-  constexpr std::uint64_t kMax = std::numeric_limits<std::uint64_t>::max();
   std::uint64_t value = 0;
-  for (char c : text) {
-    if (c < '0' || c > '9') {
-      return fail(ErrorCode::kInvalidArgument,
-                  std::string(what) + " " + quote(text) + " is not a decimal number");
-    }
-    const auto digit = static_cast<std::uint64_t>(c - '0');
-    if (value > (kMax - digit) / 10) {
-      return fail(ErrorCode::kInvalidArgument,
-                  std::string(what) + " " + quote(text) + " does not fit in 64 bits");
-    }
-    value = value * 10 + digit;
+  const char* const end = text.data() + text.size();
+  const auto [stopped, error] = std::from_chars(text.data(), end, value, 10);
+  // from_chars consumes the whole run of leading digits even when it overflows, so an overflow
+  // is reported as such even with junk after the digits ("99999999999999999999x"), as the
+  // digit-by-digit parser this replaces did.
+  if (error == std::errc::result_out_of_range) {
+    return fail(ErrorCode::kInvalidArgument, std::string(what) + " " +
+                                                 quote_for_log(text, kMaxQuotedBytes) +
+                                                 " does not fit in 64 bits");
+  }
+  if (error != std::errc() || stopped != end) {
+    return fail(ErrorCode::kInvalidArgument, std::string(what) + " " +
+                                                 quote_for_log(text, kMaxQuotedBytes) +
+                                                 " is not a decimal number");
   }
   return value;
 }
@@ -173,17 +166,10 @@ Result<Advertisement> parse_advertisement(std::string_view address_hex, std::str
                     std::to_string(2 * kMaxAddressBytes) + " (" +
                     std::to_string(kMaxAddressBytes) + " bytes) are allowed");
   }
-  auto address = hex_decode(address_hex);
-  if (!address) return fail(std::move(address).error());
-  auto parsed_key = parse_decimal(key, "rkey");
-  if (!parsed_key) return fail(std::move(parsed_key).error());
-  auto parsed_remote = parse_decimal(remote_address, "remote address");
-  if (!parsed_remote) return fail(std::move(parsed_remote).error());
-
   Advertisement advertisement;
-  advertisement.address = std::move(*address);
-  advertisement.key = *parsed_key;
-  advertisement.remote_address = *parsed_remote;
+  DMA_TRY_ASSIGN(advertisement.address, hex_decode(address_hex));
+  DMA_TRY_ASSIGN(advertisement.key, parse_decimal(key, "rkey"));
+  DMA_TRY_ASSIGN(advertisement.remote_address, parse_decimal(remote_address, "remote address"));
   return advertisement;
 }
 
