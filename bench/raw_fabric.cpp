@@ -38,25 +38,16 @@ Result<std::unique_ptr<RawEndpoint>> RawEndpoint::open(const std::string& config
   fid_domain* domain = nullptr;
   DMA_TRY(fabric_status(fi_domain(fabric, info, &domain, nullptr), "fi_domain"));
   self->domain_.reset(domain);
-  fi_av_attr av_attr{};
-  av_attr.type = FI_AV_TABLE;
-  fid_av* av = nullptr;
-  DMA_TRY(fabric_status(fi_av_open(domain, &av_attr, &av, nullptr), "fi_av_open"));
-  self->address_vector_.reset(av);
-  fi_cq_attr cq_attr{};
-  cq_attr.format = FI_CQ_FORMAT_CONTEXT;
-  cq_attr.wait_obj = FI_WAIT_NONE;
-  cq_attr.size = std::max<std::size_t>(info->tx_attr->size, 64) + info->rx_attr->size;
-  fid_cq* cq = nullptr;
-  DMA_TRY(fabric_status(fi_cq_open(domain, &cq_attr, &cq, nullptr), "fi_cq_open"));
-  self->completion_queue_.reset(cq);
+  DMA_TRY_ASSIGN(self->address_vector_, internal::open_address_vector(domain));
+  DMA_TRY_ASSIGN(self->completion_queue_, internal::open_completion_queue(domain, *info));
   // Only the region's name (not a performance matter), as ours names it.
   internal::name_shm_region(*info);
   fid_ep* ep = nullptr;
   DMA_TRY(fabric_status(fi_endpoint(domain, info, &ep, nullptr), "fi_endpoint"));
   self->endpoint_.reset(ep);
-  DMA_TRY(fabric_status(fi_ep_bind(ep, &av->fid, 0), "fi_ep_bind(av)"));
-  DMA_TRY(fabric_status(fi_ep_bind(ep, &cq->fid, FI_TRANSMIT | FI_RECV), "fi_ep_bind(cq)"));
+  DMA_TRY(fabric_status(fi_ep_bind(ep, &self->address_vector_->fid, 0), "fi_ep_bind(av)"));
+  DMA_TRY(fabric_status(fi_ep_bind(ep, &self->completion_queue_->fid, FI_TRANSMIT | FI_RECV),
+                        "fi_ep_bind(cq)"));
   DMA_TRY(fabric_status(fi_enable(ep), "fi_enable"));
   std::size_t length = 0;
   fi_getname(&ep->fid, nullptr, &length);

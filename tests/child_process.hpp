@@ -46,6 +46,17 @@ class Child {
     ended_ = true;
   }
 
+  // Stops every thread of the child (a hung peer) and returns once they have stopped; thaw()
+  // lets it run again. Each fails the test if the child is gone.
+  void freeze() {
+    Status frozen = child_ ? child_->freeze() : fail(ErrorCode::kWorkerGone, "no child");
+    ASSERT_TRUE(frozen) << frozen.error().describe();
+  }
+  void thaw() {
+    Status thawed = child_ ? child_->thaw() : fail(ErrorCode::kWorkerGone, "no child");
+    ASSERT_TRUE(thawed) << thawed.error().describe();
+  }
+
   void write_line(const std::string& line) {
     if (!child_) {
       ADD_FAILURE() << "no child to write to";

@@ -149,7 +149,7 @@ TEST_P(HungPeer, its_transfers_expire_other_clients_keep_flowing_and_late_comple
   ASSERT_EQ(1u, warm.size());
   ASSERT_TRUE(warm[0].outcome) << warm[0].outcome.error().describe();
 
-  ASSERT_EQ(0, ::kill(frozen.pid(), SIGSTOP));
+  ASSERT_NO_FATAL_FAILURE(frozen.freeze());
   for (std::size_t slot = 0; slot < kStuck; ++slot) {
     ASSERT_TRUE(service->submit(to_frozen(slot, static_cast<std::uint32_t>(10 + slot))));
   }
@@ -179,7 +179,9 @@ TEST_P(HungPeer, its_transfers_expire_other_clients_keep_flowing_and_late_comple
     for (auto& done : more) finished.push_back(std::move(done));
   }
   for (auto& done : finished) {
-    ASSERT_EQ(2u, testing::buffer_of(done.context)->tag) << "a frozen client's transfer came back early";
+    ASSERT_EQ(2u, testing::buffer_of(done.context)->tag)
+        << "a frozen client's transfer came back early: "
+        << (done.outcome ? std::string("succeeded") : done.outcome.error().describe());
     ASSERT_TRUE(done.outcome) << done.outcome.error().describe();
   }
   (*good_target)->synchronize();
@@ -192,7 +194,7 @@ TEST_P(HungPeer, its_transfers_expire_other_clients_keep_flowing_and_late_comple
 
   // The peer wakes: whatever it completes comes back as the failure it already was, with its
   // buffer; whatever it does not is released at shutdown. Every one comes back exactly once.
-  ASSERT_EQ(0, ::kill(frozen.pid(), SIGCONT));
+  ASSERT_NO_FATAL_FAILURE(frozen.thaw());
   service.reset();
   auto released = collector.wait_for(kStuck, std::chrono::milliseconds(0));
   ASSERT_EQ(kStuck, released.size());

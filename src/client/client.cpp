@@ -127,19 +127,19 @@ Result<std::unique_ptr<Client>> Client::connect(const std::string& host, int por
 }
 
 Status Client::hello() {
-  auto reply = run(connection_, {"DMA.HELLO", hex_encode(target_->local_address())});
-  if (!reply) return fail(std::move(reply).error());
+  DMA_TRY_ASSIGN(const auto reply,
+                 run(connection_, {"DMA.HELLO", hex_encode(target_->local_address())}));
   // [<nonce-hex>, [<server-address-hex>, ...]]
-  const redisReply& answer = **reply;
+  const redisReply& answer = *reply;
   if (answer.type != REDIS_REPLY_ARRAY || answer.elements != 2 ||
       answer.element[0]->type != REDIS_REPLY_STRING ||
       answer.element[1]->type != REDIS_REPLY_ARRAY || answer.element[1]->elements == 0) {
     return fail(ErrorCode::kInvalidArgument,
                 "DMA.HELLO returned something other than [nonce, [server addresses]]");
   }
-  auto nonce = hex_decode(std::string_view(answer.element[0]->str, answer.element[0]->len));
-  if (!nonce) return fail(std::move(nonce).error());
-  if (nonce->empty()) return fail(ErrorCode::kInvalidArgument, "DMA.HELLO returned an empty nonce");
+  DMA_TRY_ASSIGN(const auto nonce,
+                 hex_decode(std::string_view(answer.element[0]->str, answer.element[0]->len)));
+  if (nonce.empty()) return fail(ErrorCode::kInvalidArgument, "DMA.HELLO returned an empty nonce");
   const redisReply& listed = *answer.element[1];
   std::vector<std::vector<std::uint8_t>> addresses;
   for (std::size_t index = 0; index < listed.elements; ++index) {
@@ -147,21 +147,19 @@ Status Client::hello() {
     if (element->type != REDIS_REPLY_STRING) {
       return fail(ErrorCode::kInvalidArgument, "DMA.HELLO returned a non-string address");
     }
-    auto address = hex_decode(std::string_view(element->str, element->len));
-    if (!address) return fail(std::move(address).error());
+    DMA_TRY_ASSIGN(auto address, hex_decode(std::string_view(element->str, element->len)));
     // Before the proof: the server's read of the nonce needs it on efa-direct.
-    if (Status added = target_->add_initiator(*address); !added) return added;
-    addresses.push_back(std::move(*address));
+    DMA_TRY(target_->add_initiator(address));
+    addresses.push_back(std::move(address));
   }
 
   // The proof: the nonce in memory exposed on our own endpoint, read back by the server. The
   // buffer and its registration only have to live until DMA.PROVE's reply.
-  std::vector<std::byte> proof(nonce->size());
-  std::memcpy(proof.data(), nonce->data(), nonce->size());
-  auto exposed = target_->expose(proof.data(), proof.size());
-  if (!exposed) return fail(std::move(exposed).error());
+  std::vector<std::byte> proof(nonce.size());
+  std::memcpy(proof.data(), nonce.data(), nonce.size());
+  DMA_TRY_ASSIGN(const Exposed exposed, target_->expose(proof.data(), proof.size()));
   target_->synchronize();  // our writes to `proof` before the server's read
-  auto proven = run(connection_, with_region({"DMA.PROVE"}, *exposed));
+  auto proven = run(connection_, with_region({"DMA.PROVE"}, exposed));
   target_->synchronize();  // the provider's sends from `proof` before it is freed
   if (!proven) return fail(std::move(proven).error());
   if ((*proven)->type != REDIS_REPLY_STATUS) {
@@ -176,9 +174,8 @@ Result<std::optional<std::size_t>> Client::get(std::string_view key,
   // An empty buffer still needs a region to advertise; a one-byte spare stands in for it.
   std::byte spare{};
   std::span<std::byte> landing = buffer.empty() ? std::span<std::byte>(&spare, 1) : buffer;
-  auto exposed = target_->expose(landing.data(), landing.size());
-  if (!exposed) return fail(std::move(exposed).error());
-  auto got = get(key, *exposed);
+  DMA_TRY_ASSIGN(const Exposed exposed, target_->expose(landing.data(), landing.size()));
+  auto got = get(key, exposed);
   if (got && *got && **got > buffer.size()) {
     return fail(ErrorCode::kInvalidArgument, "DMA.GET reported more bytes than the buffer holds");
   }
@@ -186,12 +183,11 @@ Result<std::optional<std::size_t>> Client::get(std::string_view key,
 }
 
 Result<std::optional<std::size_t>> Client::get(std::string_view key, const Exposed& landing) {
-  auto reply = run(connection_, with_region({"DMA.GET", std::string(key)}, landing));
-  if (!reply) return fail(std::move(reply).error());
-  if ((*reply)->type == REDIS_REPLY_NIL) return std::optional<std::size_t>();
-  auto answer = length_and_crc(**reply, "DMA.GET");
-  if (!answer) return fail(std::move(answer).error());
-  const auto [length, crc] = *answer;
+  DMA_TRY_ASSIGN(const auto reply,
+                 run(connection_, with_region({"DMA.GET", std::string(key)}, landing)));
+  if (reply->type == REDIS_REPLY_NIL) return std::optional<std::size_t>();
+  DMA_TRY_ASSIGN(const auto answer, length_and_crc(*reply, "DMA.GET"));
+  const auto [length, crc] = answer;
   if (length > landing.length()) {
     return fail(ErrorCode::kInvalidArgument, "DMA.GET reported more bytes than the buffer holds");
   }
@@ -209,9 +205,8 @@ Status Client::set(std::string_view key, std::span<const std::byte> value) {
   std::byte spare{};
   // The server only reads this memory; Target::expose wants a mutable pointer.
   void* data = value.empty() ? &spare : const_cast<std::byte*>(value.data());
-  auto exposed = target_->expose(data, value.empty() ? 1 : value.size());
-  if (!exposed) return fail(std::move(exposed).error());
-  return set(key, *exposed, value.size());
+  DMA_TRY_ASSIGN(const Exposed exposed, target_->expose(data, value.empty() ? 1 : value.size()));
+  return set(key, exposed, value.size());
 }
 
 Status Client::set(std::string_view key, const Exposed& value, std::size_t length) {
@@ -225,11 +220,10 @@ Status Client::set(std::string_view key, const Exposed& value, std::size_t lengt
   auto reply = run(connection_, with_region({"DMA.SET", std::string(key), std::to_string(length),
                                              "CRC", std::to_string(crc)},
                                             value));
-  if (!reply) return fail(std::move(reply).error());
   target_->synchronize();  // the provider's sends from the buffer before the caller reuses it
-  auto answer = length_and_crc(**reply, "DMA.SET");
-  if (!answer) return fail(std::move(answer).error());
-  if (answer->first != length || answer->second != crc) {
+  if (!reply) return fail(std::move(reply).error());
+  DMA_TRY_ASSIGN(const auto answer, length_and_crc(**reply, "DMA.SET"));
+  if (answer.first != length || answer.second != crc) {
     return fail(ErrorCode::kCorrupted, "DMA.SET: the server stored a different length or CRC32C");
   }
   return {};

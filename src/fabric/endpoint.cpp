@@ -116,6 +116,24 @@ Result<FidPtr<fid_eq>> open_progress_event_queue(fid_fabric* fabric, const fi_in
   return FidPtr<fid_eq>(event_queue);
 }
 
+Result<FidPtr<fid_av>> open_address_vector(fid_domain* domain) {
+  fi_av_attr av_attr{};
+  av_attr.type = FI_AV_TABLE;
+  fid_av* av = nullptr;
+  DMA_TRY(fabric_status(fi_av_open(domain, &av_attr, &av, nullptr), "fi_av_open"));
+  return FidPtr<fid_av>(av);
+}
+
+Result<FidPtr<fid_cq>> open_completion_queue(fid_domain* domain, const fi_info& info) {
+  fi_cq_attr cq_attr{};
+  cq_attr.format = FI_CQ_FORMAT_CONTEXT;
+  cq_attr.wait_obj = FI_WAIT_NONE;
+  cq_attr.size = std::max<std::size_t>(info.tx_attr->size, 64) + info.rx_attr->size;
+  fid_cq* cq = nullptr;
+  DMA_TRY(fabric_status(fi_cq_open(domain, &cq_attr, &cq, nullptr), "fi_cq_open"));
+  return FidPtr<fid_cq>(cq);
+}
+
 void name_shm_region(fi_info& info) {
   if (std::string_view(info.fabric_attr->prov_name) != "shm") return;
   sweep_stale_shm_regions();
@@ -163,26 +181,16 @@ Result<std::unique_ptr<Endpoint>> Endpoint::open_on(const fi_info& chosen,
   endpoint->domain_.reset(opened_domain);
   endpoint->closes_ = std::make_shared<DeferredCloses>(std::move(owner));
 
-  fi_av_attr av_attr{};
-  av_attr.type = FI_AV_TABLE;
-  fid_av* av = nullptr;
-  DMA_TRY(fabric_status(fi_av_open(opened_domain, &av_attr, &av, nullptr), "fi_av_open"));
-  endpoint->address_vector_.reset(av);
-
-  fi_cq_attr cq_attr{};
-  cq_attr.format = FI_CQ_FORMAT_CONTEXT;
-  cq_attr.wait_obj = FI_WAIT_NONE;
-  cq_attr.size = std::max<std::size_t>(info->tx_attr->size, 64) + info->rx_attr->size;
-  fid_cq* cq = nullptr;
-  DMA_TRY(fabric_status(fi_cq_open(opened_domain, &cq_attr, &cq, nullptr), "fi_cq_open"));
-  endpoint->completion_queue_.reset(cq);
+  DMA_TRY_ASSIGN(endpoint->address_vector_, open_address_vector(opened_domain));
+  DMA_TRY_ASSIGN(endpoint->completion_queue_, open_completion_queue(opened_domain, *info));
 
   name_shm_region(*info);
   fid_ep* ep = nullptr;
   DMA_TRY(fabric_status(fi_endpoint(opened_domain, info, &ep, nullptr), "fi_endpoint"));
   endpoint->endpoint_.reset(ep);
-  DMA_TRY(fabric_status(fi_ep_bind(ep, &av->fid, 0), "fi_ep_bind(av)"));
-  DMA_TRY(fabric_status(fi_ep_bind(ep, &cq->fid, FI_TRANSMIT | FI_RECV), "fi_ep_bind(cq)"));
+  DMA_TRY(fabric_status(fi_ep_bind(ep, &endpoint->address_vector_->fid, 0), "fi_ep_bind(av)"));
+  DMA_TRY(fabric_status(
+      fi_ep_bind(ep, &endpoint->completion_queue_->fid, FI_TRANSMIT | FI_RECV), "fi_ep_bind(cq)"));
   DMA_TRY(fabric_status(fi_enable(ep), "fi_enable"));
 
   std::size_t length = 0;

@@ -115,6 +115,10 @@ Result<const fi_info*> choose(const fi_info* list, const std::string& provider,
 // net (xnet) starts its progress thread only once the fabric has an event queue waiting on
 // FI_WAIT_POLLFD; for other providers this opens nothing and returns an empty FidPtr.
 Result<FidPtr<fid_eq>> open_progress_event_queue(fid_fabric* fabric, const fi_info& info);
+// The address vector (FI_AV_TABLE) and completion queue (context format, no wait object, room
+// for a full transmit queue plus the receive queue) every endpoint binds.
+Result<FidPtr<fid_av>> open_address_vector(fid_domain* domain);
+Result<FidPtr<fid_cq>> open_completion_queue(fid_domain* domain, const fi_info& info);
 // shm names its region in /dev/shm after the source address: set it to ours (unique to this
 // incarnation of the pid) and sweep dead processes' regions first (shm_regions.hpp). Call
 // before fi_endpoint; other providers are left alone.

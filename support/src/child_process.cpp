@@ -237,6 +237,44 @@ void ChildProcess::signal(int signal) {
   if (!reaped_) ::kill(pid_, signal);
 }
 
+namespace {
+
+// Waits for `pid` to report a state change among `flags` (WUNTRACED, WCONTINUED; exits are always
+// reported). The raw status, or -1 if waitpid failed.
+int wait_for_change(pid_t pid, int flags) {
+  int status = 0;
+  while (::waitpid(pid, &status, flags) < 0) {
+    if (errno != EINTR) return -1;
+  }
+  return status;
+}
+
+}  // namespace
+
+Status ChildProcess::freeze() {
+  if (reaped_) return fail(ErrorCode::kWorkerGone, "the child has already exited");
+  ::kill(pid_, SIGSTOP);
+  const int status = wait_for_change(pid_, WUNTRACED);
+  if (status == -1) {
+    return fail(ErrorCode::kWorkerGone, std::string("waitpid: ") + std::strerror(errno));
+  }
+  if (WIFSTOPPED(status)) return {};
+  record_exit(status);
+  return fail(ErrorCode::kWorkerGone, "the child exited instead of stopping");
+}
+
+Status ChildProcess::thaw() {
+  if (reaped_) return fail(ErrorCode::kWorkerGone, "the child has already exited");
+  ::kill(pid_, SIGCONT);
+  const int status = wait_for_change(pid_, WCONTINUED);
+  if (status == -1) {
+    return fail(ErrorCode::kWorkerGone, std::string("waitpid: ") + std::strerror(errno));
+  }
+  if (WIFCONTINUED(status)) return {};
+  record_exit(status);
+  return fail(ErrorCode::kWorkerGone, "the child exited instead of continuing");
+}
+
 void ChildProcess::kill_now() {
   if (reaped_) return;
   ::kill(pid_, SIGKILL);

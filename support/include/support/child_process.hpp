@@ -87,6 +87,12 @@ class ChildProcess {
   void signal(int signal);
   // SIGKILLs and reaps the child now: a crash, as far as its peers can tell.
   void kill_now();
+  // SIGSTOPs the child and returns once every thread of it has stopped (waitpid WUNTRACED):
+  // kill() alone returns before the stop reaches the other threads, which can still run (and,
+  // say, complete a transfer) meanwhile. Fails (kWorkerGone) if the child exited instead.
+  Status freeze();
+  // SIGCONTs a frozen child and returns once it runs again (waitpid WCONTINUED).
+  Status thaw();
 
  private:
   ChildProcess(pid_t pid, int to_child, int from_child, std::chrono::milliseconds exit_grace)
