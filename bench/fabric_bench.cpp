@@ -33,6 +33,7 @@ constexpr std::size_t kMaxHotSlots = 64;
 constexpr std::size_t kColdBytes = std::size_t{256} << 20;
 constexpr auto kWarmup = std::chrono::milliseconds(150);
 constexpr auto kRound = std::chrono::milliseconds(200);
+constexpr std::size_t kMinRounds = 5, kMaxRounds = 16;
 // Distinct patterns per buffer, so bytes from the wrong side or a stale slot do not verify.
 constexpr std::uint32_t kOursLocalSeed = 11, kRawLocalSeed = 12;
 constexpr std::uint32_t kOursTargetSeed = 21, kRawTargetSeed = 22;
@@ -121,6 +122,17 @@ Result<bool> verify_slot(TargetChild& target, const std::byte* local, std::size_
   return theirs == std::to_string(ours);
 }
 
+// Runs `body` with the other side's target frozen (SIGSTOP until every thread has stopped):
+// a busy-polling target spins whether or not anything comes to it, and on two cores the idle
+// side's spinning took a core from the side being measured.
+template <typename Body>
+Status with_frozen(TargetChild& idle, Body&& body) {
+  DMA_TRY(idle.process->freeze());
+  Status status = body();
+  DMA_TRY(idle.process->thaw());
+  return status;
+}
+
 // Everything one run holds; member order is teardown order (the initiators go before the
 // children they talk to, so nothing in flight outlives its peer).
 struct Bench {
@@ -162,7 +174,11 @@ Status ours_round(Bench& bench, std::size_t size, std::size_t depth, std::size_t
   LatencySamples round;
   if (side != nullptr) round.reserve(std::max<std::size_t>(1 << 16, 4'000'000 * duration.count() / 1'000'000'000));
   if (bench.rss_before == 0) bench.rss_before = resident_bytes();
-  DMA_TRY_ASSIGN(auto run, bench.ours->run_window(job, side != nullptr ? round : discard));
+  OursRun run;
+  DMA_TRY(with_frozen(bench.raw_target, [&]() -> Status {
+    DMA_TRY_ASSIGN(run, bench.ours->run_window(job, side != nullptr ? round : discard));
+    return {};
+  }));
   bench.rss_after = resident_bytes();
   bench.ours_slot = run.next_slot;
   if (run.first_error) {
@@ -201,7 +217,11 @@ Status raw_round(Bench& bench, std::size_t size, std::size_t depth, std::size_t 
   job.duration = duration;
   LatencySamples round;
   round.reserve(side != nullptr ? std::max<std::size_t>(1 << 16, 4'000'000 * duration.count() / 1'000'000'000) : 0);
-  DMA_TRY_ASSIGN(auto run, run_raw_window(*bench.raw, job, round));
+  RawRun run;
+  DMA_TRY(with_frozen(bench.ours_target, [&]() -> Status {
+    DMA_TRY_ASSIGN(run, run_raw_window(*bench.raw, job, round));
+    return {};
+  }));
   bench.raw_slot = run.next_slot;
   if (bench.raw_target.process->exited()) return fail(ErrorCode::kWorkerGone, "the raw target process died");
   bool verified = true;
@@ -220,6 +240,15 @@ Status raw_round(Bench& bench, std::size_t size, std::size_t depth, std::size_t 
   return {};
 }
 
+// What `now` counted since `before` (one round's operations, bytes and time).
+Measurement since(const Measurement& now, const Measurement& before) {
+  Measurement delta;
+  delta.operations = now.operations - before.operations;
+  delta.bytes = now.bytes - before.bytes;
+  delta.seconds = now.seconds - before.seconds;
+  return delta;
+}
+
 void finish_side(Side& side) {
   side.measurement.p50_us = side.samples.quantile_us(0.50);
   side.measurement.p99_us = side.samples.quantile_us(0.99);
@@ -233,20 +262,27 @@ Result<Case> run_case(Bench& bench, std::size_t size, std::size_t depth) {
 
   const auto total = bench.options.duration;
   // Short rounds interleave better, but a round must outlast a few waves of `depth` transfers
-  // (at ~1 GB/s, the slow end here) or it counts nothing: 16m x 64 is 1 GiB per wave.
+  // (at ~1 GB/s, the slow end here) or it counts nothing: 16m x 64 is 1 GiB per wave. At least
+  // kMinRounds, so the median and spread of the round ratios mean something.
   const auto wave = std::chrono::milliseconds(size * depth * 4 / 1'000'000);
-  const std::size_t rounds = std::clamp<std::size_t>(total / std::max(kRound, wave), 1, 16);
+  const std::size_t rounds =
+      std::clamp<std::size_t>(total / std::max(kRound, wave), kMinRounds, kMaxRounds);
   const auto each = std::chrono::duration_cast<std::chrono::nanoseconds>(total) / rounds;
   Side ours;
   Side raw;
+  std::vector<double> round_ratios;
   for (std::size_t round = 0; round < rounds; ++round) {
     // Alternate which side goes first, so a drift in machine load hits both alike.
     const bool ours_first = round % 2 == 0;
+    const Measurement ours_before = ours.measurement;
+    const Measurement raw_before = raw.measurement;
     for (int turn = 0; turn < 2; ++turn) {
       const bool ours_turn = (turn == 0) == ours_first;
       DMA_TRY(ours_turn ? ours_round(bench, size, depth, slots, each, &ours)
                         : raw_round(bench, size, depth, slots, each, &raw));
     }
+    round_ratios.push_back(round_ratio(since(ours.measurement, ours_before),
+                                       since(raw.measurement, raw_before), size));
   }
   finish_side(ours);
   finish_side(raw);
@@ -264,6 +300,7 @@ Result<Case> run_case(Bench& bench, std::size_t size, std::size_t depth) {
   row.baseline_label = "raw libfabric";
   row.ours = ours.measurement;
   row.baseline = raw.measurement;
+  row.round_ratios = std::move(round_ratios);
   return row;
 }
 

@@ -7,8 +7,9 @@
 //   to 64 MiB over all clients and at most 64 keys per client. Key j of client c holds one of the
 //   client's two pattern values; every key is seeded with plain SET before the timed window and
 //   deleted after the case.
-// - Interleaving: the per-side duration is cut into rounds of about half a second; each round
-//   runs DMA then plain (alternating which goes first), so noise on the shared machine hits both.
+// - Interleaving: the per-side duration is cut into rounds of about half a second (at least
+//   five); each round runs DMA then plain (alternating which goes first), so noise on the shared
+//   machine hits both. The case's ratio is the median of the rounds' ratios (report.hpp).
 // - Verification: a GET's bytes are CRC32C-checked against the value stored (dma::Client also
 //   checks them against the server's CRC32C); after each SET round every key of the working set
 //   is read back with plain GET and checked against the value written last. A failure is a
@@ -44,6 +45,7 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 constexpr std::chrono::milliseconds kRoundLength{500};
+constexpr std::size_t kMinRounds = 5;  // the median and spread of the round ratios need a few
 constexpr std::chrono::milliseconds kReplyTimeout{60000};
 constexpr std::size_t kWorkingSetBytes = std::size_t{64} << 20;
 constexpr std::size_t kMaxKeysPerClient = 64;
@@ -318,8 +320,8 @@ Result<Case> run_case(const RedisOptions& options, const std::string& op, std::s
   run_phase(Kind::kDma, get, peers, shares, std::chrono::nanoseconds(0), warm);
   run_phase(Kind::kPlain, get, peers, shares, std::chrono::nanoseconds(0), warm);
 
-  const std::size_t rounds =
-      std::max<std::size_t>(1, static_cast<std::size_t>(options.duration / kRoundLength));
+  const std::size_t rounds = std::max<std::size_t>(
+      kMinRounds, static_cast<std::size_t>(options.duration / kRoundLength));
   const auto slice = std::chrono::duration_cast<std::chrono::nanoseconds>(options.duration) /
                      static_cast<long>(rounds);
   Side dma_side;
@@ -328,12 +330,19 @@ Result<Case> run_case(const RedisOptions& options, const std::string& op, std::s
   double plain_seconds = 0;
   for (std::size_t round = 0; round < rounds; ++round) {
     const bool dma_first = round % 2 == 0;
+    Measurement dma_round, plain_round;
     for (const Kind kind : {dma_first ? Kind::kDma : Kind::kPlain,
                             dma_first ? Kind::kPlain : Kind::kDma}) {
       Side& side = kind == Kind::kDma ? dma_side : plain_side;
-      (kind == Kind::kDma ? dma_seconds : plain_seconds) +=
-          run_phase(kind, get, peers, shares, slice, side);
+      Measurement& this_round = kind == Kind::kDma ? dma_round : plain_round;
+      const std::uint64_t operations = side.measurement.operations;
+      const std::uint64_t bytes = side.measurement.bytes;
+      this_round.seconds = run_phase(kind, get, peers, shares, slice, side);
+      this_round.operations = side.measurement.operations - operations;
+      this_round.bytes = side.measurement.bytes - bytes;
+      (kind == Kind::kDma ? dma_seconds : plain_seconds) += this_round.seconds;
     }
+    row.round_ratios.push_back(round_ratio(dma_round, plain_round, size));
   }
   // The warm-up's problems count too: a value that fails to verify fails the run.
   dma_side.measurement.mismatches += warm.measurement.mismatches;

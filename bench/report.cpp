@@ -78,16 +78,44 @@ double LatencySamples::quantile_us(double q) {
   return static_cast<double>(nanoseconds_[index]) / 1e3;
 }
 
-double Case::ratio() const {
-  if (size >= kMiB) {
-    const double base = baseline.gbps();
-    return base > 0 ? ours.gbps() / base : std::numeric_limits<double>::quiet_NaN();
-  }
-  const double base = baseline.ops_per_s();
-  return base > 0 ? ours.ops_per_s() / base : std::numeric_limits<double>::quiet_NaN();
+namespace {
+
+constexpr std::size_t kGbpsFrom = std::size_t{64} << 10;
+
+double ratio_of(const Measurement& ours, const Measurement& baseline, std::size_t size) {
+  const double base = size >= kGbpsFrom ? baseline.gbps() : baseline.ops_per_s();
+  const double mine = size >= kGbpsFrom ? ours.gbps() : ours.ops_per_s();
+  return base > 0 ? mine / base : std::numeric_limits<double>::quiet_NaN();
 }
 
-std::string Case::ratio_basis() const { return size >= kMiB ? "GB/s" : "ops/s"; }
+}  // namespace
+
+double round_ratio(const Measurement& ours, const Measurement& baseline, std::size_t size) {
+  return ratio_of(ours, baseline, size);
+}
+
+double Case::ratio() const {
+  if (round_ratios.empty()) return ratio_of(ours, baseline, size);
+  std::vector<double> sorted = round_ratios;
+  std::sort(sorted.begin(), sorted.end());
+  const std::size_t middle = sorted.size() / 2;
+  return sorted.size() % 2 == 1 ? sorted[middle] : (sorted[middle - 1] + sorted[middle]) / 2;
+}
+
+std::pair<double, double> Case::ratio_range() const {
+  if (round_ratios.empty()) return {ratio(), ratio()};
+  const auto [low, high] = std::minmax_element(round_ratios.begin(), round_ratios.end());
+  return {*low, *high};
+}
+
+bool Case::unsteady() const {
+  const double median = ratio();
+  if (round_ratios.size() < 2 || !(median > 0)) return false;
+  const auto [low, high] = ratio_range();
+  return (high - low) / median > kUnsteadySpread;
+}
+
+std::string Case::ratio_basis() const { return size >= kGbpsFrom ? "GB/s" : "ops/s"; }
 
 std::string format_size(std::size_t bytes) {
   if (bytes >= (std::size_t{1} << 30) && bytes % (std::size_t{1} << 30) == 0) return std::to_string(bytes >> 30) + "g";
@@ -112,8 +140,33 @@ nlohmann::ordered_json to_json(const Case& row) {
   out["baseline"] = std::move(baseline);
   out["ratio"] = rounded(row.ratio(), 3);
   out["ratio_basis"] = row.ratio_basis();
+  if (!row.round_ratios.empty()) {
+    const auto [low, high] = row.ratio_range();
+    out["rounds"] = row.round_ratios.size();
+    out["ratio_min"] = rounded(low, 3);
+    out["ratio_max"] = rounded(high, 3);
+    out["unsteady"] = row.unsteady();
+  }
   return out;
 }
+
+namespace {
+
+// "0.953 [0.91-0.98]", with " *" when the rounds spread more than kUnsteadySpread; "-" against
+// a zero baseline.
+std::string ratio_with_range(const Case& row, int decimals) {
+  const double r = row.ratio();
+  if (!std::isfinite(r)) return "-";
+  std::string text = fixed(r, decimals);
+  if (!row.round_ratios.empty()) {
+    const auto [low, high] = row.ratio_range();
+    text += " [" + fixed(low, 2) + "-" + fixed(high, 2) + "]";
+    if (row.unsteady()) text += " *";
+  }
+  return text;
+}
+
+}  // namespace
 
 std::string to_table(const std::vector<Case>& rows) {
   // Ours and the baseline side by side, one row per case.
@@ -122,20 +175,18 @@ std::string to_table(const std::vector<Case>& rows) {
          pad("n", 4) + " | " + pad("ops/s", 8) + " " + pad("GB/s", 7) + " " + pad("p50us", 8) +
          " " + pad("p99us", 8) + " " + pad("allocs", 6) + " | " + pad("base ops/s", 10) + " " +
          pad("GB/s", 7) + " " + pad("p50us", 8) + " " + pad("p99us", 8) + " | " +
-         pad("ratio", 11) + " " + pad("err", 4) + " " + pad("bad", 4) + "\n";
+         pad("ratio [min-max]", 26) + " " + pad("err", 4) + " " + pad("bad", 4) + "\n";
   for (const auto& row : rows) {
     const auto& o = row.ours;
     const auto& b = row.baseline;
-    const double r = row.ratio();
-    const std::string ratio_text =
-        (std::isfinite(r) ? fixed(r, 3) : std::string("-")) + " " + row.ratio_basis();
+    const std::string ratio_text = ratio_with_range(row, 3) + " " + row.ratio_basis();
     out += pad(row.provider, 8, true) + " " + pad(row.op, 5, true) + " " +
            pad(format_size(row.size), 5) + " " + pad(count_column(row), 4) + " | " +
            pad(rate(o.ops_per_s()), 8) + " " + pad(fixed(o.gbps(), 3), 7) + " " +
            pad(fixed(o.p50_us, 1), 8) + " " + pad(fixed(o.p99_us, 1), 8) + " " +
            pad(allocations(o), 6) + " | " + pad(rate(b.ops_per_s()), 10) + " " +
            pad(fixed(b.gbps(), 3), 7) + " " + pad(fixed(b.p50_us, 1), 8) + " " +
-           pad(fixed(b.p99_us, 1), 8) + " | " + pad(ratio_text, 11) + " " +
+           pad(fixed(b.p99_us, 1), 8) + " | " + pad(ratio_text, 26) + " " +
            pad(std::to_string(o.errors + b.errors), 4) + " " +
            pad(std::to_string(o.mismatches + b.mismatches), 4) + "\n";
   }
@@ -151,13 +202,12 @@ std::string to_markdown(const std::vector<Case>& rows) {
   for (const auto& row : rows) {
     const auto& o = row.ours;
     const auto& b = row.baseline;
-    const double r = row.ratio();
     out += "| " + row.mode + " | " + row.provider + " | " + row.op + " | " + format_size(row.size) +
            " | " + count_column(row) + " | " + rate(o.ops_per_s()) + " | " + fixed(o.gbps(), 3) +
            " | " + fixed(o.p50_us, 1) + " | " + fixed(o.p99_us, 1) + " | " + allocations(o) +
            " | " + row.baseline_label + " | " + rate(b.ops_per_s()) + " | " + fixed(b.gbps(), 3) +
            " | " + fixed(b.p50_us, 1) + " | " + fixed(b.p99_us, 1) + " | " +
-           (std::isfinite(r) ? fixed(r, 2) : std::string("-")) + "x " + row.ratio_basis() + " |\n";
+           ratio_with_range(row, 2) + " " + row.ratio_basis() + " |\n";
   }
   return out;
 }

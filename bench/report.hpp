@@ -12,6 +12,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -66,18 +67,30 @@ struct Case {
   std::string baseline_label;  // e.g. "raw libfabric" or "GET"
   Measurement ours;
   Measurement baseline;
-  // ours/baseline: GB/s for sizes >= 1 MiB, else ops/s (the figure the goals name).
+  // ours/baseline of each interleaved round (ours and the baseline back to back), in order.
+  std::vector<double> round_ratios;
+  // The median of round_ratios; without rounds, ours/baseline over the whole case. GB/s for
+  // sizes >= 64 KiB, else ops/s (the figure the goals name). NaN against a zero baseline.
   double ratio() const;
   std::string ratio_basis() const;  // "GB/s" or "ops/s"
+  // The lowest and highest round ratio (both ratio() without rounds).
+  std::pair<double, double> ratio_range() const;
+  // (max - min) / median of the round ratios is above kUnsteadySpread: a machine too busy, or
+  // a case too short, for its ratio to be trusted.
+  bool unsteady() const;
 };
+inline constexpr double kUnsteadySpread = 0.20;
+// ours/baseline of one round, on the basis Case::ratio_basis() names for `size`.
+double round_ratio(const Measurement& ours, const Measurement& baseline, std::size_t size);
 
 // 65536 -> "64k", 1048576 -> "1m", 100 -> "100".
 std::string format_size(std::size_t bytes);
 
 // One JSON object, fields in this order (print it with dump(), one line): mode, provider, op, size, depth|clients,
 // label, ops_per_s, gbps, p50_us, p99_us, operations, seconds, errors, mismatches,
-// allocations_per_op and eagain (when known), baseline {label, same fields}, ratio (null
-// against a zero baseline), ratio_basis.
+// allocations_per_op and eagain (when known), baseline {label, same fields}, ratio (the
+// median of rounds; null against a zero baseline), ratio_basis, and with rounds: rounds,
+// ratio_min, ratio_max, unsteady.
 nlohmann::ordered_json to_json(const Case& row);
 // A fixed-width table for a terminal (header included).
 std::string to_table(const std::vector<Case>& rows);

@@ -5,8 +5,10 @@
 // Most providers need the target to drive progress (docs/PROVIDERS.md, "Progress"): tcp and net
 // block the first operation (connection setup) and hang reads and delivery-complete writes until
 // the target calls into libfabric; shm stalls the initiator with -FI_EAGAIN after ~1020
-// operations. A Target runs one progress thread that polls its completion queue every
-// `poll_interval` (it sleeps between polls, so an idle target costs little CPU).
+// operations. A Target runs one progress thread. While a transfer is expected (a Busy token is
+// held: dma::Client holds one from each DMA command to its reply) it polls without pause, as a
+// busy-polling raw libfabric target does; otherwise it polls every `poll_interval` and sleeps
+// in between, so an idle target costs little CPU.
 //
 // Errors: open() reports a provider that cannot open, or a progress thread that cannot start,
 // as an error Result; no method throws.
@@ -22,6 +24,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "dma/configuration.hpp"
@@ -73,6 +76,22 @@ class Target {
     // progress), for a whole core.
     std::chrono::microseconds poll_interval{50};
   };
+  // Keeps the progress thread polling without pause while it lives: take one before the RPC
+  // that makes the server transfer and drop it at the reply. Tokens nest; move-only; taking one
+  // wakes a sleeping progress thread. Must not outlive its Target.
+  class Busy {
+   public:
+    Busy() = default;
+    Busy(Busy&& other) noexcept : target_(std::exchange(other.target_, nullptr)) {}
+    Busy& operator=(Busy&& other) noexcept;
+    ~Busy();
+
+   private:
+    friend class Target;
+    explicit Busy(Target* target) : target_(target) {}
+    Target* target_ = nullptr;
+  };
+
   static Result<std::unique_ptr<Target>> open(const Configuration& configuration,
                                               const std::string& domain = {});
   static Result<std::unique_ptr<Target>> open(const Configuration& configuration,
@@ -88,6 +107,9 @@ class Target {
   // Keys are chosen by the provider or by us, as the provider requires; two exposed buffers
   // never share a key. Zero length is an error.
   Result<Exposed> expose(void* data, std::size_t length);
+  Busy busy();
+  // How many times the progress thread has polled the provider (diagnostics, tests).
+  std::uint64_t progress_polls() const noexcept;
   // Inserts an initiator's (server's) address into this target's address vector. efa-direct
   // requires the target to know its initiator; elsewhere it is harmless.
   Status add_initiator(std::span<const std::uint8_t> address);

@@ -159,7 +159,10 @@ Status Client::hello() {
   std::memcpy(proof.data(), nonce.data(), nonce.size());
   DMA_TRY_ASSIGN(const Exposed exposed, target_->expose(proof.data(), proof.size()));
   target_->synchronize();  // our writes to `proof` before the server's read
-  auto proven = run(connection_, with_region({"DMA.PROVE"}, exposed));
+  auto proven = [&] {
+    const Target::Busy busy = target_->busy();  // the server reads the proof before replying
+    return run(connection_, with_region({"DMA.PROVE"}, exposed));
+  }();
   target_->synchronize();  // the provider's sends from `proof` before it is freed
   if (!proven) return fail(std::move(proven).error());
   if ((*proven)->type != REDIS_REPLY_STATUS) {
@@ -183,8 +186,10 @@ Result<std::optional<std::size_t>> Client::get(std::string_view key,
 }
 
 Result<std::optional<std::size_t>> Client::get(std::string_view key, const Exposed& landing) {
+  Target::Busy busy = target_->busy();  // the server writes into `landing` before replying
   DMA_TRY_ASSIGN(const auto reply,
                  run(connection_, with_region({"DMA.GET", std::string(key)}, landing)));
+  busy = Target::Busy();
   if (reply->type == REDIS_REPLY_NIL) return std::optional<std::size_t>();
   DMA_TRY_ASSIGN(const auto answer, length_and_crc(*reply, "DMA.GET"));
   const auto [length, crc] = answer;
@@ -217,9 +222,12 @@ Status Client::set(std::string_view key, const Exposed& value, std::size_t lengt
   }
   target_->synchronize();  // the caller's writes to the buffer before the server's read
   const std::uint32_t crc = crc32c(std::span<const std::byte>(value.data(), length));
-  auto reply = run(connection_, with_region({"DMA.SET", std::string(key), std::to_string(length),
-                                             "CRC", std::to_string(crc)},
-                                            value));
+  auto reply = [&] {
+    const Target::Busy busy = target_->busy();  // the server reads `value` before replying
+    return run(connection_, with_region({"DMA.SET", std::string(key), std::to_string(length),
+                                         "CRC", std::to_string(crc)},
+                                        value));
+  }();
   target_->synchronize();  // the provider's sends from the buffer before the caller reuses it
   if (!reply) return fail(std::move(reply).error());
   DMA_TRY_ASSIGN(const auto answer, length_and_crc(**reply, "DMA.SET"));

@@ -16,51 +16,96 @@ namespace dma {
 using internal::Endpoint;
 using internal::Lease;
 
+// How many times (one sched_yield each) the progress thread lets waiting callers go first
+// before it polls anyway.
+constexpr int kMaxDeferrals = 64;
+
 struct Target::Impl {
   // Serialises every call into the endpoint (FI_THREAD_DOMAIN): the progress thread's polls,
-  // registrations, address inserts and, through DeferredCloses, closes.
+  // registrations, address inserts and, through DeferredCloses, closes. Callers take it through
+  // CallerLock, which lets a busy-polling progress thread know to step aside.
   std::mutex mutex;
   std::unique_ptr<Endpoint> endpoint;
   std::vector<fi_addr_t> initiators;
   std::vector<std::uint8_t> address;
   Options options;
   std::atomic<bool> running{true};
+  std::atomic<int> busy{0};     // live Busy tokens
+  std::atomic<int> callers{0};  // callers waiting for or holding `mutex`
+  std::atomic<std::uint64_t> polls{0};
   std::mutex sleep_mutex;
-  std::condition_variable stop;
+  std::condition_variable wake;
   std::thread progress;
 
-  void run() {
+  void poll() {
     std::array<fi_cq_entry, 16> entries;
+    std::lock_guard lock(mutex);
+    polls.fetch_add(1, std::memory_order_relaxed);
+    // Drives the provider's progress (connection setup, read responses, delivery-complete
+    // acknowledgements). Entries here are our own sends, if any; nothing needs them.
+    const ssize_t count =
+        fi_cq_read(endpoint->completion_queue(), entries.data(), entries.size());
+    if (count == -FI_EAVAIL) {
+      fi_cq_err_entry failure{};
+      fi_cq_readerr(endpoint->completion_queue(), &failure, 0);
+    }
+  }
+
+  bool spinning() const noexcept {
+    return options.poll_interval.count() == 0 || busy.load(std::memory_order_acquire) > 0;
+  }
+
+  void run() {
     while (running.load(std::memory_order_acquire)) {
-      {
-        std::lock_guard lock(mutex);
-        // Drives the provider's progress (connection setup, read responses, delivery-complete
-        // acknowledgements). Entries here are our own sends, if any; nothing needs them.
-        ssize_t count = fi_cq_read(endpoint->completion_queue(), entries.data(), entries.size());
-        if (count == -FI_EAVAIL) {
-          fi_cq_err_entry failure{};
-          fi_cq_readerr(endpoint->completion_queue(), &failure, 0);
-        }
+      // A std::mutex is not fair: re-locking at once would keep a waiting caller out for as
+      // long as we spin. Let it in first, but only for so long: a caller that locks again and
+      // again (expose() in a loop) must not starve progress either.
+      for (int deferred = 0; deferred < kMaxDeferrals &&
+                             callers.load(std::memory_order_acquire) > 0 &&
+                             running.load(std::memory_order_relaxed);
+           ++deferred) {
+        std::this_thread::yield();
       }
-      // A zero interval busy-polls (waiting on a condition variable, even for zero time, still
-      // takes a futex round trip and gives up the CPU).
-      if (options.poll_interval.count() == 0) {
-        std::this_thread::yield();  // lets a caller waiting on `mutex` in
-        continue;
-      }
+      poll();
+      // Spinning: straight back to the poll (no syscall; a condition variable's wait, even for
+      // zero time, is a futex round trip and gives up the CPU).
+      if (spinning()) continue;
       std::unique_lock lock(sleep_mutex);
-      stop.wait_for(lock, options.poll_interval,
-                    [&] { return !running.load(std::memory_order_acquire); });
+      wake.wait_for(lock, options.poll_interval, [&] {
+        return !running.load(std::memory_order_acquire) || spinning();
+      });
     }
   }
 };
+
+namespace {
+
+// The endpoint lock, taken by a caller (not the progress thread).
+class CallerLock {
+ public:
+  explicit CallerLock(Target::Impl& impl) : impl_(impl) {
+    impl_.callers.fetch_add(1, std::memory_order_acq_rel);
+    impl_.mutex.lock();
+  }
+  ~CallerLock() {
+    impl_.mutex.unlock();
+    impl_.callers.fetch_sub(1, std::memory_order_acq_rel);
+  }
+  CallerLock(const CallerLock&) = delete;
+  CallerLock& operator=(const CallerLock&) = delete;
+
+ private:
+  Target::Impl& impl_;
+};
+
+}  // namespace
 
 struct Exposed::Handle {
   Target::Impl* target;
   Lease lease;
   ~Handle() {
     // Closed under the target's lock: the progress thread may be inside the provider.
-    std::lock_guard lock(target->mutex);
+    CallerLock lock(*target);
     lease.reset();
   }
 };
@@ -111,7 +156,7 @@ Target::~Target() {
   {
     std::lock_guard lock(impl_->sleep_mutex);
   }
-  impl_->stop.notify_all();
+  impl_->wake.notify_all();
   impl_->progress.join();
   std::lock_guard lock(impl_->mutex);
   impl_->endpoint.reset();
@@ -124,7 +169,7 @@ const EndpointDescription& Target::describe() const noexcept {
 
 Result<Exposed> Target::expose(void* data, std::size_t length) {
   if (data == nullptr) return fail(ErrorCode::kInvalidArgument, "cannot expose a null buffer");
-  std::lock_guard lock(impl_->mutex);
+  CallerLock lock(*impl_);
   DMA_TRY_ASSIGN(Lease lease, impl_->endpoint->register_memory(
                                   reinterpret_cast<std::uintptr_t>(data), length,
                                   FI_REMOTE_READ | FI_REMOTE_WRITE));
@@ -141,7 +186,7 @@ Result<Exposed> Target::expose(void* data, std::size_t length) {
 }
 
 void Target::synchronize() {
-  std::lock_guard lock(impl_->mutex);
+  CallerLock lock(*impl_);
   std::array<fi_cq_entry, 16> entries;
   if (fi_cq_read(impl_->endpoint->completion_queue(), entries.data(), entries.size()) ==
       -FI_EAVAIL) {
@@ -150,8 +195,34 @@ void Target::synchronize() {
   }
 }
 
+Target::Busy Target::busy() {
+  if (impl_->busy.fetch_add(1, std::memory_order_acq_rel) == 0) {
+    // The first token: wake the progress thread if it sleeps (under sleep_mutex, so the wake
+    // cannot fall between its check and its wait).
+    { std::lock_guard lock(impl_->sleep_mutex); }
+    impl_->wake.notify_all();
+  }
+  return Busy(this);
+}
+
+std::uint64_t Target::progress_polls() const noexcept {
+  return impl_->polls.load(std::memory_order_relaxed);
+}
+
+Target::Busy& Target::Busy::operator=(Busy&& other) noexcept {
+  if (this != &other) {
+    Busy dropped(std::move(*this));
+    target_ = std::exchange(other.target_, nullptr);
+  }
+  return *this;
+}
+
+Target::Busy::~Busy() {
+  if (target_ != nullptr) target_->impl_->busy.fetch_sub(1, std::memory_order_acq_rel);
+}
+
 Status Target::add_initiator(std::span<const std::uint8_t> address) {
-  std::lock_guard lock(impl_->mutex);
+  CallerLock lock(*impl_);
   const auto format = internal::address_format_from(impl_->endpoint->info()->addr_format);
   DMA_TRY(internal::identity_length(format, address));
   DMA_TRY(internal::check_address(impl_->endpoint->info()->addr_format, address));

@@ -19,6 +19,7 @@ Op* OpTable::acquire_op() {
   op->operand = LocalOperand{};
   op->region = op->region_offset = op->local_offset = op->in_flight = 0;
   op->posting_done = op->queued = op->eagain = op->expired = op->owner_asked = false;
+  op->next_pending = nullptr;
   op->error.reset();
   return op;
 }

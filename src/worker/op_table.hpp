@@ -5,7 +5,8 @@
 // lookup, and pooling Ops and Pieces means a warm worker allocates nothing per transfer. Neither
 // may be freed while the provider can still report it: a Piece goes back to the pool only when
 // it is reaped or the endpoint is closed under it. The table also keeps the queue of transfers
-// waiting to post and the in-flight counts every other part of the loop reads: pieces on the
+// waiting to post (linked through the Ops themselves, so queueing never allocates: a std::deque
+// allocated a block every 64 transfers) and the in-flight counts every other part of the loop reads: pieces on the
 // wire, and how many of those belong to expired transfers ("held": they leave the in-flight cap
 // but not the provider).
 //
@@ -15,7 +16,6 @@
 
 #include <chrono>
 #include <cstddef>
-#include <deque>
 #include <memory>
 #include <optional>
 #include <vector>
@@ -50,12 +50,56 @@ struct Op {
   std::size_t in_flight = 0;      // pieces posted and not yet reaped
   bool posting_done = false;
   bool queued = false;       // in the pending queue
+  Op* next_pending = nullptr;  // the pending queue's link while queued
   bool owner_asked = false;  // whether the peer's process was asked about before its posts
   bool eagain = false;       // efa only (no peer_entry): the op's own progress clock runs
   bool expired = false;      // failed at the completion deadline; held until its pieces are reaped
   std::chrono::steady_clock::time_point first_eagain;
   std::chrono::steady_clock::time_point posted_at;  // its first piece's post
   std::optional<Error> error;
+};
+
+// The transfers waiting to post, in turn order: an intrusive FIFO through Op::next_pending
+// that can also put an op back at the front. O(1) for all but at(), which tests use.
+class PendingQueue {
+ public:
+  bool empty() const noexcept { return head_ == nullptr; }
+  std::size_t size() const noexcept { return size_; }
+  Op* front() const noexcept { return head_; }
+  void push_back(Op* op) noexcept {
+    op->next_pending = nullptr;
+    if (tail_ == nullptr) {
+      head_ = op;
+    } else {
+      tail_->next_pending = op;
+    }
+    tail_ = op;
+    ++size_;
+  }
+  void push_front(Op* op) noexcept {
+    op->next_pending = head_;
+    head_ = op;
+    if (tail_ == nullptr) tail_ = op;
+    ++size_;
+  }
+  void pop_front() noexcept {
+    Op* op = head_;
+    head_ = op->next_pending;
+    if (head_ == nullptr) tail_ = nullptr;
+    op->next_pending = nullptr;
+    --size_;
+  }
+  // The op `position` places from the front; nullptr past the end.
+  Op* at(std::size_t position) const noexcept {
+    Op* op = head_;
+    while (op != nullptr && position-- > 0) op = op->next_pending;
+    return op;
+  }
+
+ private:
+  Op* head_ = nullptr;
+  Op* tail_ = nullptr;
+  std::size_t size_ = 0;
 };
 
 class OpTable {
@@ -82,7 +126,7 @@ class OpTable {
   // Every Piece ever made, free or posted (a posted one has op != nullptr).
   const std::vector<std::unique_ptr<Piece>>& pieces() const noexcept { return pieces_; }
 
-  std::deque<Op*> pending;   // transfers waiting to post, in turn order
+  PendingQueue pending;      // transfers waiting to post, in turn order
   std::size_t in_flight = 0; // pieces posted and not reaped
   std::size_t held = 0;      // of those, pieces of expired transfers
   std::size_t live_in_flight() const noexcept { return in_flight - held; }

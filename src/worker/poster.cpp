@@ -8,7 +8,7 @@
 namespace dma::internal {
 
 void Poster::post(OpTable& table, bool closed, std::vector<Op*>& ended) {
-  std::deque<Op*>& pending = table.pending;
+  PendingQueue& pending = table.pending;
   std::size_t turns = pending.size();
   while (turns-- > 0 && !pending.empty() && table.live_in_flight() < cap_) {
     Op* op = pending.front();

@@ -73,9 +73,11 @@ class Worker {
   // Pieces of expired transfers still in the provider's hands (counted in in_flight()).
   std::size_t held() const noexcept { return table_.held; }
   std::size_t queued() const noexcept { return table_.pending.size(); }
-  // The context of the transfer `position` places from the front of the queue to post.
+  // The context of the transfer `position` places from the front of the queue to post; nullptr
+  // past its end.
   const Operands* queued_context(std::size_t position) const {
-    return table_.pending.at(position)->request.context.get();
+    const Op* op = table_.pending.at(position);
+    return op == nullptr ? nullptr : op->request.context.get();
   }
   std::size_t checksums_batched() const noexcept { return delivery_.checksums_batched(); }
   const PeerAddresses& peers() const noexcept { return *peers_; }

@@ -1,0 +1,139 @@
+// dma-bench's arithmetic (round ratios, their median and spread) and the benchmark itself run on
+// loopback. No figure is judged here (a timing threshold in a test is against our rules): what
+// is checked is what a reader of a ratio relies on.
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "report.hpp"
+#include "support/child_process.hpp"
+
+namespace dma::bench {
+namespace {
+
+Measurement measured(std::uint64_t operations, std::uint64_t bytes, double seconds) {
+  Measurement m;
+  m.operations = operations;
+  m.bytes = bytes;
+  m.seconds = seconds;
+  return m;
+}
+
+Case with_rounds(std::size_t size, std::vector<double> ratios) {
+  Case row;
+  row.mode = "fabric";
+  row.size = size;
+  row.ours = measured(100, 100 * size, 1.0);
+  row.baseline = measured(200, 200 * size, 1.0);
+  row.round_ratios = std::move(ratios);
+  return row;
+}
+
+TEST(Report, the_ratio_is_the_median_of_the_rounds_not_the_whole_case) {
+  // If this fails, one round on a disturbed machine moves the figure a goal is judged by.
+  EXPECT_DOUBLE_EQ(0.9, with_rounds(4096, {0.5, 0.9, 1.0, 0.95, 0.2}).ratio());
+  EXPECT_DOUBLE_EQ(0.925, with_rounds(4096, {0.9, 0.95, 1.0, 0.2}).ratio());
+  const auto [low, high] = with_rounds(4096, {0.5, 0.9, 1.0, 0.95, 0.2}).ratio_range();
+  EXPECT_DOUBLE_EQ(0.2, low);
+  EXPECT_DOUBLE_EQ(1.0, high);
+  // Without rounds, the whole case: 100 ops/s against 200.
+  EXPECT_DOUBLE_EQ(0.5, with_rounds(4096, {}).ratio());
+}
+
+TEST(Report, gb_per_second_is_the_basis_from_64_kib_and_ops_per_second_below) {
+  Case small = with_rounds(32 << 10, {});
+  small.ours = measured(300, 300, 1.0);       // ops/s ratio 1.5
+  small.baseline = measured(200, 20000, 1.0);  // bytes ratio 0.015
+  EXPECT_EQ("ops/s", small.ratio_basis());
+  EXPECT_DOUBLE_EQ(1.5, small.ratio());
+  Case large = small;
+  large.size = 64 << 10;
+  EXPECT_EQ("GB/s", large.ratio_basis());
+  EXPECT_DOUBLE_EQ(0.015, large.ratio());
+}
+
+TEST(Report, a_spread_over_twenty_percent_of_the_median_marks_the_case_unsteady) {
+  EXPECT_FALSE(with_rounds(4096, {0.90, 0.95, 1.00, 0.97, 0.92}).unsteady());  // 0.10 / 0.95
+  EXPECT_TRUE(with_rounds(4096, {0.70, 0.95, 1.00, 0.97, 0.92}).unsteady());   // 0.30 / 0.95
+  EXPECT_FALSE(with_rounds(4096, {}).unsteady());
+  const std::string table = to_table({with_rounds(4096, {0.70, 0.95, 1.00, 0.97, 0.92})});
+  EXPECT_NE(std::string::npos, table.find("0.950 [0.70-1.00] *")) << table;
+  const std::string markdown = to_markdown({with_rounds(4096, {0.90, 0.95, 1.00, 0.97, 0.92})});
+  EXPECT_NE(std::string::npos, markdown.find("0.95 [0.90-1.00] ops/s")) << markdown;
+}
+
+TEST(Report, json_carries_the_rounds_their_range_and_the_mark) {
+  const auto json = to_json(with_rounds(1 << 20, {0.70, 0.95, 1.00, 0.97, 0.92}));
+  EXPECT_EQ(5u, json.at("rounds").get<std::size_t>());
+  EXPECT_DOUBLE_EQ(0.95, json.at("ratio").get<double>());
+  EXPECT_DOUBLE_EQ(0.7, json.at("ratio_min").get<double>());
+  EXPECT_DOUBLE_EQ(1.0, json.at("ratio_max").get<double>());
+  EXPECT_TRUE(json.at("unsteady").get<bool>());
+  EXPECT_EQ("GB/s", json.at("ratio_basis").get<std::string>());
+  // Against a zero baseline there is no ratio: null, not a number.
+  Case zero = with_rounds(4096, {});
+  zero.baseline = Measurement{};
+  EXPECT_TRUE(to_json(zero).at("ratio").is_null());
+  EXPECT_FALSE(to_json(zero).contains("rounds"));
+}
+
+// Runs `dma-bench fabric` with `arguments` and returns its JSON lines.
+std::vector<nlohmann::json> run_fabric(const std::vector<std::string>& arguments) {
+  std::vector<std::string> argv = {DMA_BINARY_DIR "/bin/dma-bench", "fabric", "--json"};
+  argv.insert(argv.end(), arguments.begin(), arguments.end());
+  auto child = support::ChildProcess::spawn(argv);
+  if (!child) {
+    ADD_FAILURE() << child.error().describe();
+    return {};
+  }
+  auto status = (*child)->finish(std::chrono::minutes(3));
+  if (!status) {
+    ADD_FAILURE() << status.error().describe();
+    return {};
+  }
+  EXPECT_EQ(0, *status) << (*child)->pending_output();
+  std::vector<nlohmann::json> cases;
+  std::istringstream lines((*child)->pending_output());
+  for (std::string line; std::getline(lines, line);) {
+    if (!line.empty()) cases.push_back(nlohmann::json::parse(line));
+  }
+  return cases;
+}
+
+class FabricBench : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(FabricBench, every_case_runs_alternating_rounds_and_verifies_both_sides_bytes) {
+  // If this fails, a ratio in docs/PERFORMANCE.md may come from one round, from a side whose
+  // bytes never landed, or from a run whose other side's target was left spinning.
+  for (const char* op : {"write", "read"}) {
+    const auto cases = run_fabric({"--provider", GetParam(), "--op", op, "--sizes", "4k,64k",
+                                   "--depth", "1,4", "--duration", "0.3"});
+    ASSERT_EQ(4u, cases.size()) << op;
+    for (const auto& row : cases) {
+      SCOPED_TRACE(row.dump());
+      EXPECT_GE(row.at("rounds").get<std::size_t>(), 5u);
+      EXPECT_LE(row.at("ratio_min").get<double>(), row.at("ratio").get<double>());
+      EXPECT_GE(row.at("ratio_max").get<double>(), row.at("ratio").get<double>());
+      EXPECT_GT(row.at("operations").get<std::uint64_t>(), 0u);
+      EXPECT_GT(row.at("baseline").at("operations").get<std::uint64_t>(), 0u);
+      EXPECT_EQ(0u, row.at("errors").get<std::uint64_t>());
+      EXPECT_EQ(0u, row.at("mismatches").get<std::uint64_t>());
+      EXPECT_EQ(0u, row.at("baseline").at("errors").get<std::uint64_t>());
+      EXPECT_EQ(0u, row.at("baseline").at("mismatches").get<std::uint64_t>());
+      EXPECT_TRUE(row.contains("allocations_per_op"));
+      EXPECT_EQ(row.at("size").get<std::size_t>() >= (64u << 10) ? "GB/s" : "ops/s",
+                row.at("ratio_basis").get<std::string>());
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Providers, FabricBench, ::testing::Values("tcp", "shm"),
+                         [](const auto& param_info) { return param_info.param; });
+
+}  // namespace
+}  // namespace dma::bench
