@@ -261,13 +261,16 @@ Result<Case> run_case(Bench& bench, std::size_t size, std::size_t depth) {
   DMA_TRY(raw_round(bench, size, depth, slots, kWarmup, nullptr));
 
   const auto total = bench.options.duration;
-  // Short rounds interleave better, but a round must outlast a few waves of `depth` transfers
-  // (at ~1 GB/s, the slow end here) or it counts nothing: 16m x 64 is 1 GiB per wave. At least
-  // kMinRounds, so the median and spread of the round ratios mean something.
-  const auto wave = std::chrono::milliseconds(size * depth * 4 / 1'000'000);
+  // Short rounds interleave better, but a round must outlast two waves of `depth` transfers
+  // (at ~1 GB/s, the slow end here) or it counts nothing (a transfer completing after the
+  // window is not counted): 16m x 64 is 1 GiB per wave. At least kMinRounds, so the median and
+  // spread of the round ratios mean something, even if the case then outlasts --duration.
+  const auto wave = std::chrono::milliseconds(size * depth / 1'000'000);
+  const auto shortest = std::max<std::chrono::milliseconds>(kRound, 2 * wave);
   const std::size_t rounds =
-      std::clamp<std::size_t>(total / std::max(kRound, wave), kMinRounds, kMaxRounds);
-  const auto each = std::chrono::duration_cast<std::chrono::nanoseconds>(total) / rounds;
+      std::clamp<std::size_t>(total / shortest, kMinRounds, kMaxRounds);
+  const auto each = std::max<std::chrono::nanoseconds>(
+      std::chrono::duration_cast<std::chrono::nanoseconds>(total) / rounds, shortest);
   Side ours;
   Side raw;
   std::vector<double> round_ratios;

@@ -44,6 +44,14 @@ std::string today() {
 }
 
 // "2 cores, <CPU model>, Linux <release>".
+// The 1-minute load average (/proc/loadavg), so a reader can tell an idle run from a busy one.
+std::string load_average() {
+  std::ifstream loadavg("/proc/loadavg");
+  std::string one_minute;
+  loadavg >> one_minute;
+  return one_minute.empty() ? "unknown" : one_minute;
+}
+
 std::string machine() {
   std::string model = "unknown CPU";
   std::ifstream cpuinfo("/proc/cpuinfo");
@@ -123,6 +131,7 @@ void add_standard_command(CLI::App& app, int* status) {
       });
   command->callback([arguments, status] {
     Arguments& a = *arguments;
+    const std::string load_before = load_average();
     const auto duration = std::chrono::milliseconds(static_cast<long>(a.duration_s * 1000));
     const bool fabric = a.parts.find("fabric") != std::string::npos;
     const bool redis = a.parts.find("redis") != std::string::npos;
@@ -189,8 +198,13 @@ void add_standard_command(CLI::App& app, int* status) {
     std::ostringstream section;
     section << "Measured " << today() << " on " << machine() << ", by `" << exact
             << "` (`make bench`). " << a.duration_s
-            << " s per side per case, the two sides alternating in rounds. Ratio: ours / baseline "
-               "in GB/s from 1 MiB up, in ops/s below.\n";
+            << " s per side per case, the two sides alternating in at least five rounds (in the "
+               "fabric rows the other side's target frozen meanwhile). Load average before the "
+               "run: "
+            << load_before
+            << ". Ratio: the median of the rounds' ours / baseline, in GB/s from 64 KiB up, in "
+               "ops/s below, with the lowest and highest round in brackets; * marks rounds "
+               "spread more than 20 % of the median.\n";
     if (!failures.empty()) {
       section << "\nNot measured in this run:\n";
       for (const std::string& failure : failures) section << "- " << failure << "\n";

@@ -92,8 +92,10 @@ Result<Reply> command(redisContext* connection, std::initializer_list<std::strin
 
 }  // namespace redis
 
-Client::Client(redisContext* connection, std::unique_ptr<Target> target)
-    : connection_(connection), target_(std::move(target)) {}
+Client::Client(redisContext* connection, std::unique_ptr<Target> target, bool busy_poll)
+    : connection_(connection), busy_poll_(busy_poll), target_(std::move(target)) {}
+
+Target::Busy Client::busy() { return busy_poll_ ? target_->busy() : Target::Busy(); }
 
 Client::~Client() { redisFree(connection_); }
 
@@ -123,7 +125,7 @@ Result<std::unique_ptr<Client>> Client::connect(const std::string& host, int por
     redisFree(connection);
     return fail(std::move(target).error());
   }
-  return std::unique_ptr<Client>(new Client(connection, std::move(*target)));
+  return std::unique_ptr<Client>(new Client(connection, std::move(*target), options.busy_poll));
 }
 
 Status Client::hello() {
@@ -160,7 +162,7 @@ Status Client::hello() {
   DMA_TRY_ASSIGN(const Exposed exposed, target_->expose(proof.data(), proof.size()));
   target_->synchronize();  // our writes to `proof` before the server's read
   auto proven = [&] {
-    const Target::Busy busy = target_->busy();  // the server reads the proof before replying
+    const Target::Busy busy = this->busy();  // the server reads the proof before replying
     return run(connection_, with_region({"DMA.PROVE"}, exposed));
   }();
   target_->synchronize();  // the provider's sends from `proof` before it is freed
@@ -186,7 +188,7 @@ Result<std::optional<std::size_t>> Client::get(std::string_view key,
 }
 
 Result<std::optional<std::size_t>> Client::get(std::string_view key, const Exposed& landing) {
-  Target::Busy busy = target_->busy();  // the server writes into `landing` before replying
+  Target::Busy busy = this->busy();  // the server writes into `landing` before replying
   DMA_TRY_ASSIGN(const auto reply,
                  run(connection_, with_region({"DMA.GET", std::string(key)}, landing)));
   busy = Target::Busy();
@@ -223,7 +225,7 @@ Status Client::set(std::string_view key, const Exposed& value, std::size_t lengt
   target_->synchronize();  // the caller's writes to the buffer before the server's read
   const std::uint32_t crc = crc32c(std::span<const std::byte>(value.data(), length));
   auto reply = [&] {
-    const Target::Busy busy = target_->busy();  // the server reads `value` before replying
+    const Target::Busy busy = this->busy();  // the server reads `value` before replying
     return run(connection_, with_region({"DMA.SET", std::string(key), std::to_string(length),
                                          "CRC", std::to_string(crc)},
                                         value));

@@ -67,9 +67,16 @@ struct Target::Impl {
         std::this_thread::yield();
       }
       poll();
-      // Spinning: straight back to the poll (no syscall; a condition variable's wait, even for
-      // zero time, is a futex round trip and gives up the CPU).
-      if (spinning()) continue;
+      // A zero interval means a core of its own: straight back to the poll (no syscall; a
+      // condition variable's wait, even for zero time, is a futex round trip).
+      if (options.poll_interval.count() == 0) continue;
+      // Busy: poll again at once, but yield the CPU in between. Several clients each waiting
+      // for a reply on a small machine would otherwise spin the server they wait for off the
+      // cores (measured: 4 clients on 2 cores, DMA.GET 4 KiB fell to 0.03x of GET).
+      if (busy.load(std::memory_order_acquire) > 0) {
+        std::this_thread::yield();
+        continue;
+      }
       std::unique_lock lock(sleep_mutex);
       wake.wait_for(lock, options.poll_interval, [&] {
         return !running.load(std::memory_order_acquire) || spinning();
