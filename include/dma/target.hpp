@@ -6,9 +6,10 @@
 // block the first operation (connection setup) and hang reads and delivery-complete writes until
 // the target calls into libfabric; shm stalls the initiator with -FI_EAGAIN after ~1020
 // operations. A Target runs one progress thread. While a transfer is expected (a Busy token is
-// held: dma::Client holds one from each DMA command to its reply) it polls without pause, as a
-// busy-polling raw libfabric target does; otherwise it polls every `poll_interval` and sleeps
-// in between, so an idle target costs little CPU.
+// held; dma::Client holds one from each DMA command to its reply with Options::busy_poll) it
+// polls without sleeping, yielding the CPU between polls; otherwise it polls every
+// `poll_interval` and sleeps in between, so an idle target costs little CPU. A zero interval
+// spins without any syscall, for a target with a core of its own.
 //
 // Errors: open() reports a provider that cannot open, or a progress thread that cannot start,
 // as an error Result; no method throws.
