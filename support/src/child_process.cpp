@@ -251,29 +251,23 @@ int wait_for_change(pid_t pid, int flags) {
 
 }  // namespace
 
-Status ChildProcess::freeze() {
+Status ChildProcess::signal_and_wait(int signal, int flags, const char* instead) {
   if (reaped_) return fail(ErrorCode::kWorkerGone, "the child has already exited");
-  ::kill(pid_, SIGSTOP);
-  const int status = wait_for_change(pid_, WUNTRACED);
+  ::kill(pid_, signal);
+  const int status = wait_for_change(pid_, flags);
   if (status == -1) {
     return fail(ErrorCode::kWorkerGone, std::string("waitpid: ") + std::strerror(errno));
   }
-  if (WIFSTOPPED(status)) return {};
+  if ((flags == WUNTRACED && WIFSTOPPED(status)) || (flags == WCONTINUED && WIFCONTINUED(status))) {
+    return {};
+  }
   record_exit(status);
-  return fail(ErrorCode::kWorkerGone, "the child exited instead of stopping");
+  return fail(ErrorCode::kWorkerGone, std::string("the child exited instead of ") + instead);
 }
 
-Status ChildProcess::thaw() {
-  if (reaped_) return fail(ErrorCode::kWorkerGone, "the child has already exited");
-  ::kill(pid_, SIGCONT);
-  const int status = wait_for_change(pid_, WCONTINUED);
-  if (status == -1) {
-    return fail(ErrorCode::kWorkerGone, std::string("waitpid: ") + std::strerror(errno));
-  }
-  if (WIFCONTINUED(status)) return {};
-  record_exit(status);
-  return fail(ErrorCode::kWorkerGone, "the child exited instead of continuing");
-}
+Status ChildProcess::freeze() { return signal_and_wait(SIGSTOP, WUNTRACED, "stopping"); }
+
+Status ChildProcess::thaw() { return signal_and_wait(SIGCONT, WCONTINUED, "continuing"); }
 
 void ChildProcess::kill_now() {
   if (reaped_) return;

@@ -100,6 +100,9 @@ class ChildProcess {
   // Appends what the child wrote to pending_, waiting until `deadline`; 0 at EOF.
   Result<std::size_t> read_some(std::chrono::steady_clock::time_point deadline);
   void record_exit(int status);
+  // Sends `signal` and waits for the state change `flags` asks for (WUNTRACED: stopped,
+  // WCONTINUED: continued); an exit instead fails naming what it did not do.
+  Status signal_and_wait(int signal, int flags, const char* instead);
 
   pid_t pid_;
   int to_child_;
