@@ -175,6 +175,38 @@ TEST(PeerProcess, a_killed_peer_is_seen_as_exited_before_it_is_reaped) {
   EXPECT_TRUE(watch.exited()) << "exited stays true";
 }
 
+TEST(PeerProcess, one_question_per_channel_batch_answers_every_transfer_taken_in_it) {
+  // If this fails, either the worker asks the kernel once per transfer again (a poll(2) per
+  // transfer, a third of the worker's time at 64 B on shm), or a transfer taken from the channel
+  // after its peer died is answered "alive" from an older question and posted into a region
+  // whose lock the dead peer may hold.
+  testing::Child target({kCli, "target", "--provider", "shm", "--size", "4096"});
+  ASSERT_TRUE(target.running());
+  const std::string wire = target.read_line();
+  auto advertisement = parse_advertisement(wire);
+  ASSERT_TRUE(advertisement) << "'" << wire << "': " << advertisement.error().describe();
+  const auto owner = shm_address_owner(advertisement->address);
+  ASSERT_TRUE(owner) << wire;
+  PeerProcess watch(*owner);
+  PeerProcess probe(*owner);  // asks afresh each time: tells when the kernel shows the exit
+  // Batch 1: the first transfer asks; the question serves the rest of its batch.
+  EXPECT_FALSE(watch.exited_for_batch(1, 1));
+  ASSERT_EQ(0, ::kill(target.pid(), SIGKILL));
+  const auto deadline = std::chrono::steady_clock::now() + testing::kDeadline;
+  while (!probe.exited() && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::yield();
+  }
+  ASSERT_TRUE(probe.exited()) << "a SIGKILLed peer was never seen to exit";
+  EXPECT_FALSE(watch.exited_for_batch(1, 1))
+      << "a transfer of batch 1 is answered by the question asked while handling batch 1";
+  EXPECT_FALSE(watch.exited_for_batch(1, 2))
+      << "a transfer of batch 1 still waiting in batch 2 was covered by batch 1's question";
+  EXPECT_TRUE(watch.exited_for_batch(2, 2))
+      << "batch 2 left the channel after the death could be seen: it must ask again";
+  EXPECT_TRUE(watch.exited_for_batch(1, 3)) << "once seen, an exit is never forgotten";
+  target.kill_now();
+}
+
 TEST(PeerProcess, an_address_of_a_gone_or_recycled_process_is_exited_from_the_start) {
   // If this fails, a client whose pid the kernel gave to another process is taken for alive.
   const long self = ::getpid();

@@ -48,6 +48,13 @@ bool PeerProcess::exited(std::chrono::steady_clock::time_point now,
   return exited();
 }
 
+bool PeerProcess::exited_for_batch(std::uint64_t taken, std::uint64_t current) const {
+  if (exited_) return true;
+  if (asked_in_batch_ != 0 && asked_in_batch_ >= taken) return false;
+  asked_in_batch_ = current;
+  return exited();
+}
+
 bool PeerProcess::exited() const {
   if (exited_) return true;
   if (pidfd_ >= 0) {

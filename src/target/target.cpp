@@ -37,10 +37,11 @@ struct Target::Impl {
   std::condition_variable wake;
   std::thread progress;
 
-  void poll() {
+  // One progress poll; the caller holds `mutex`.
+  void poll_locked() {
     std::array<fi_cq_entry, 16> entries;
-    std::lock_guard lock(mutex);
-    polls.fetch_add(1, std::memory_order_relaxed);
+    // Only this thread writes the count: a load and a store, not a locked read-modify-write.
+    polls.store(polls.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
     // Drives the provider's progress (connection setup, read responses, delivery-complete
     // acknowledgements). Entries here are our own sends, if any; nothing needs them.
     const ssize_t count =
@@ -56,20 +57,29 @@ struct Target::Impl {
   }
 
   void run() {
+    // Held across polls while spinning with a zero interval: locking and unlocking around
+    // every poll was a quarter of this thread's time on shm at 64 B (perf, issue 10), and the
+    // raw loop it races takes no lock at all. It is let go whenever a caller is waiting.
+    std::unique_lock lock(mutex, std::defer_lock);
     while (running.load(std::memory_order_acquire)) {
-      // A std::mutex is not fair: re-locking at once would keep a waiting caller out for as
-      // long as we spin. Let it in first, but only for so long: a caller that locks again and
-      // again (expose() in a loop) must not starve progress either.
-      for (int deferred = 0; deferred < kMaxDeferrals &&
-                             callers.load(std::memory_order_acquire) > 0 &&
-                             running.load(std::memory_order_relaxed);
-           ++deferred) {
-        std::this_thread::yield();
+      if (callers.load(std::memory_order_acquire) > 0) {
+        if (lock.owns_lock()) lock.unlock();
+        // A std::mutex is not fair: re-locking at once would keep a waiting caller out for
+        // as long as we spin. Let it in first, but only for so long: a caller that locks again
+        // and again (expose() in a loop) must not starve progress either.
+        for (int deferred = 0; deferred < kMaxDeferrals &&
+                               callers.load(std::memory_order_acquire) > 0 &&
+                               running.load(std::memory_order_relaxed);
+             ++deferred) {
+          std::this_thread::yield();
+        }
       }
-      poll();
-      // A zero interval means a core of its own: straight back to the poll (no syscall; a
-      // condition variable's wait, even for zero time, is a futex round trip).
+      if (!lock.owns_lock()) lock.lock();
+      poll_locked();
+      // A zero interval means a core of its own: straight back to the poll, lock held (no
+      // syscall; a condition variable's wait, even for zero time, is a futex round trip).
       if (options.poll_interval.count() == 0) continue;
+      lock.unlock();
       // Busy: poll again at once, but yield the CPU in between. Several clients each waiting
       // for a reply on a small machine would otherwise spin the server they wait for off the
       // cores (measured: 4 clients on 2 cores, DMA.GET 4 KiB fell to 0.03x of GET).
@@ -77,8 +87,8 @@ struct Target::Impl {
         std::this_thread::yield();
         continue;
       }
-      std::unique_lock lock(sleep_mutex);
-      wake.wait_for(lock, options.poll_interval, [&] {
+      std::unique_lock sleeping(sleep_mutex);
+      wake.wait_for(sleeping, options.poll_interval, [&] {
         return !running.load(std::memory_order_acquire) || spinning();
       });
     }

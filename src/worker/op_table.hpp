@@ -16,6 +16,7 @@
 
 #include <chrono>
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <optional>
 #include <vector>
@@ -52,6 +53,7 @@ struct Op {
   bool queued = false;       // in the pending queue
   Op* next_pending = nullptr;  // the pending queue's link while queued
   bool owner_asked = false;  // whether the peer's process was asked about before its posts
+  std::uint64_t batch = 0;   // which channel batch it was taken in (OpTable::batches)
   bool eagain = false;       // efa only (no peer_entry): the op's own progress clock runs
   bool expired = false;      // failed at the completion deadline; held until its pieces are reaped
   std::chrono::steady_clock::time_point first_eagain;
@@ -129,6 +131,7 @@ class OpTable {
   PendingQueue pending;      // transfers waiting to post, in turn order
   std::size_t in_flight = 0; // pieces posted and not reaped
   std::size_t held = 0;      // of those, pieces of expired transfers
+  std::uint64_t batches = 0; // batches of messages taken from the channel so far
   std::size_t live_in_flight() const noexcept { return in_flight - held; }
 
  private:

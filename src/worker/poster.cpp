@@ -19,7 +19,7 @@ void Poster::post(OpTable& table, bool closed, std::vector<Op*>& ended) {
       ended.push_back(op);
       continue;
     }
-    if (!op->error && op->peer_entry) check_owner(*op);
+    if (!op->error && op->peer_entry) check_owner(*op, table.batches);
     bool stalled = false;
     while (!op->error && !op->posting_done && table.live_in_flight() < cap_) {
       const RemoteRegion& region = op->request.regions[op->region];
@@ -82,16 +82,18 @@ void Poster::post(OpTable& table, bool closed, std::vector<Op*>& ended) {
   }
 }
 
-void Poster::check_owner(Op& op) {
+void Poster::check_owner(Op& op, std::uint64_t current_batch) {
   // shm: a target that died holding its region lock would leave the post spinning forever
   // (peer_process.hpp); a dead process gets nothing more posted to it. A transfer's first turn
-  // always asks, so nothing submitted after a death could be seen is posted; its retries after
+  // is answered by a question asked after its batch left the channel (once per peer and
+  // batch), so nothing submitted after a death could be seen is posted; its retries after
   // -FI_EAGAIN reuse an answer up to kOwnerRecheck old.
   const PeerProcess* owner = op.peer_entry->owner();
   const bool first_turn = !op.owner_asked;
   op.owner_asked = true;
   if (owner != nullptr &&
-      (first_turn ? owner->exited() : owner->exited(clock_.now(), kOwnerRecheck))) {
+      (first_turn ? owner->exited_for_batch(op.batch, current_batch)
+                  : owner->exited(clock_.now(), kOwnerRecheck))) {
     op.error = Error(ErrorCode::kUnreachable, "peer unreachable: its process (pid " +
                                                   std::to_string(owner->pid()) + ") has exited");
   }

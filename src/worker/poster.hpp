@@ -18,6 +18,7 @@
 
 #include <chrono>
 #include <cstddef>
+#include <cstdint>
 #include <vector>
 
 #include "fabric/endpoint.hpp"
@@ -56,7 +57,7 @@ class Poster {
   // 0, -FI_EAGAIN, or another negative libfabric error.
   long post_piece(Op& op, Piece& piece, std::size_t size);
   // Whether `op`'s shm peer process has exited; sets op's error if so.
-  void check_owner(Op& op);
+  void check_owner(Op& op, std::uint64_t current_batch);
 
   const Endpoint& endpoint_;
   std::size_t cap_;

@@ -91,6 +91,7 @@ bool Worker::step(bool may_block) {
 
 void Worker::take_messages(bool park) {
   if (!shared_->channel.take(inbox_, park, park_timeout())) closed_ = true;
+  if (!inbox_.empty()) ++table_.batches;
   for (Message& message : inbox_) intake(message);
   inbox_.clear();
   if (endpoint_->deferred_closes()->pending()) endpoint_->deferred_closes()->drain();
@@ -114,6 +115,7 @@ void Worker::intake(Message& message) {
 void Worker::accept(TransferRequest&& request) {
   Op* op = table_.acquire_op();
   op->request = std::move(request);
+  op->batch = table_.batches;
   clients_.opened(op->request.client_id);
   if (closed_) {
     finish(op, fail(ErrorCode::kWorkerGone, "fabric worker is gone (service shutting down)"));
