@@ -19,6 +19,7 @@
 #include "dma/target.hpp"
 #include "child_process.hpp"
 #include "fixtures.hpp"
+#include "fabric/liveness_mark.hpp"
 #include "fabric/peer_process.hpp"
 #include "fabric/shm_regions.hpp"
 
@@ -205,6 +206,68 @@ TEST(PeerProcess, one_question_per_channel_batch_answers_every_transfer_taken_in
       << "batch 2 left the channel after the death could be seen: it must ask again";
   EXPECT_TRUE(watch.exited_for_batch(1, 3)) << "once seen, an exit is never forgotten";
   target.kill_now();
+}
+
+TEST(LivenessMark, a_targets_mark_says_alive_without_a_syscall_and_dead_as_soon_as_its_pidfd_does) {
+  // If this fails, either every transfer to an shm client asks the kernel by poll(2) again
+  // (a third of the worker's time at 64 B), or the mark answers "alive" for a process whose
+  // exit could already be seen, and a transfer is posted into a dead peer's region.
+  testing::Child target({kCli, "target", "--provider", "shm", "--size", "4096"});
+  ASSERT_TRUE(target.running());
+  const std::string wire = target.read_line();
+  auto advertisement = parse_advertisement(wire);
+  ASSERT_TRUE(advertisement) << "'" << wire << "': " << advertisement.error().describe();
+  const auto owner = shm_address_owner(advertisement->address);
+  ASSERT_TRUE(owner) << wire;
+  PeerProcess watch(*owner, advertisement->address);
+  PeerProcess probe(*owner);  // no mark: asks the pidfd every time
+  auto deadline = std::chrono::steady_clock::now() + testing::kDeadline;
+  while (!watch.marked() && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::yield();
+  }
+  ASSERT_TRUE(watch.marked()) << "the target's progress thread never held its mark";
+  EXPECT_FALSE(watch.exited_for_batch(1, 1));
+  ASSERT_EQ(0, ::kill(target.pid(), SIGKILL));
+  deadline = std::chrono::steady_clock::now() + testing::kDeadline;
+  while (!probe.exited() && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::yield();
+  }
+  ASSERT_TRUE(probe.exited()) << "a SIGKILLed peer was never seen to exit";
+  // Without the mark, batch 1's earlier answer would stand (see the test above); the mark is
+  // read afresh and already shows the death the pidfd shows.
+  EXPECT_TRUE(watch.exited_for_batch(1, 1)) << "the pidfd shows the exit and the mark does not";
+  EXPECT_TRUE(watch.exited(std::chrono::steady_clock::now(), std::chrono::hours(1)));
+  target.kill_now();
+}
+
+TEST(LivenessMark, a_closed_target_leaves_no_mark_and_its_watchers_fall_back_to_the_pidfd) {
+  // If this fails, a closed Target leaks a file in /dev/shm, or a watcher keeps reading
+  // "alive" from a mark nobody holds.
+  const long self = ::getpid();
+  const auto start = process_start_time(self);
+  ASSERT_TRUE(start);
+  Configuration configuration;
+  configuration.providers = {"shm"};
+  auto target = Target::open(configuration, {});
+  ASSERT_TRUE(target) << target.error().describe();
+  const std::vector<std::uint8_t> address((*target)->local_address().begin(),
+                                          (*target)->local_address().end());
+  const std::string name = internal::liveness_file_name(address);
+  ASSERT_FALSE(name.empty());
+  EXPECT_TRUE(std::filesystem::exists("/dev/shm/" + name));
+  PeerProcess watch(ShmOwner{self, *start}, address);
+  const auto deadline = std::chrono::steady_clock::now() + testing::kDeadline;
+  while (!watch.marked() && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::yield();
+  }
+  EXPECT_TRUE(watch.marked());
+  EXPECT_FALSE(watch.exited_for_batch(1, 1));
+  target->reset();
+  EXPECT_FALSE(std::filesystem::exists("/dev/shm/" + name)) << "the mark's file outlived its target";
+  EXPECT_FALSE(watch.marked()) << "released: the mark says nothing now";
+  EXPECT_FALSE(watch.exited_for_batch(2, 2)) << "asked by the pidfd: this process is alive";
+  EXPECT_EQ(nullptr, internal::LivenessWatch::open(address, ShmOwner{self, *start}));
+  EXPECT_EQ("", internal::liveness_file_name(std::vector<std::uint8_t>{'f', 'i', '_', 's'}));
 }
 
 TEST(PeerProcess, an_address_of_a_gone_or_recycled_process_is_exited_from_the_start) {

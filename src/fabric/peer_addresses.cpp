@@ -126,7 +126,7 @@ Result<std::shared_ptr<RegisteredAddress>> PeerAddresses::handle(
 
   DMA_TRY_ASSIGN(const fi_addr_t inserted, insert(address));
   auto entry = std::make_shared<RegisteredAddress>(address_vector_, inserted,
-                                                   shm_address_owner(address));
+                                                   shm_address_owner(address), address);
   sweep();
   by_identity_.emplace(std::string(identity), Indexed{std::string(whole), entry});
   by_client_[client_id] = entry;

@@ -55,9 +55,10 @@ Status check_address(std::uint32_t fi_addr_format, std::span<const std::uint8_t>
 class RegisteredAddress {
  public:
   RegisteredAddress(fid_av* address_vector, fi_addr_t handle,
-                    const std::optional<ShmOwner>& owner = std::nullopt)
+                    const std::optional<ShmOwner>& owner = std::nullopt,
+                    std::span<const std::uint8_t> address = {})
       : address_vector_(address_vector), handle_(handle) {
-    if (owner) owner_.emplace(*owner);
+    if (owner) owner_.emplace(*owner, address);
   }
   ~RegisteredAddress();
   RegisteredAddress(const RegisteredAddress&) = delete;

@@ -19,8 +19,12 @@
 #pragma once
 
 #include <chrono>
+#include <optional>
 #include <cstdint>
+#include <memory>
+#include <span>
 
+#include "fabric/liveness_mark.hpp"
 #include "fabric/shm_regions.hpp"
 
 namespace dma::internal {
@@ -29,7 +33,10 @@ class PeerProcess {
  public:
   // Watches `owner`. If it is already gone (no such process, a zombie, or a pid whose start
   // time is not the one advertised), exited() is true from the start.
-  explicit PeerProcess(const ShmOwner& owner);
+  // With the peer's `address`, also maps its liveness mark if it has one (liveness_mark.hpp):
+  // then the timed and per-batch questions are answered by a load while the mark shows its
+  // holder, and ask the pidfd only when it shows nobody.
+  explicit PeerProcess(const ShmOwner& owner, std::span<const std::uint8_t> address = {});
   ~PeerProcess();
   PeerProcess(const PeerProcess&) = delete;
   PeerProcess& operator=(const PeerProcess&) = delete;
@@ -52,6 +59,10 @@ class PeerProcess {
   // here; at depth 64 a batch holds many transfers to one peer, and asking once serves them all.
   bool exited_for_batch(std::uint64_t taken, std::uint64_t current) const;
   long pid() const noexcept { return pid_; }
+  // Whether the peer's liveness mark answers for it now (a test's view).
+  bool marked() const noexcept {
+    return watch_ && watch_->state() != LivenessWatch::State::kUnknown;
+  }
 
  private:
   long pid_;
@@ -60,6 +71,9 @@ class PeerProcess {
   mutable bool asked_ = false;  // by the timed exited(), at asked_at_
   mutable std::chrono::steady_clock::time_point asked_at_{};
   mutable std::uint64_t asked_in_batch_ = 0;  // by exited_for_batch(); 0: never
+  std::unique_ptr<LivenessWatch> watch_;      // the peer's mark, if it has one
+  // The mark's answer: true/false when it has one (an exit it shows is kept), nullopt if not.
+  std::optional<bool> exited_by_mark() const;
 };
 
 }  // namespace dma::internal

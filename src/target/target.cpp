@@ -9,6 +9,7 @@
 #include <thread>
 
 #include "fabric/endpoint.hpp"
+#include "fabric/liveness_mark.hpp"
 #include "fabric/peer_addresses.hpp"
 
 namespace dma {
@@ -35,6 +36,9 @@ struct Target::Impl {
   std::atomic<std::uint64_t> polls{0};
   std::mutex sleep_mutex;
   std::condition_variable wake;
+  // shm: held by the progress thread while it runs, so initiators read our liveness from
+  // shared memory instead of polling our pidfd per transfer (liveness_mark.hpp).
+  std::unique_ptr<internal::LivenessMark> mark;
   std::thread progress;
 
   // One progress poll; the caller holds `mutex`.
@@ -60,6 +64,7 @@ struct Target::Impl {
     // Held across polls while spinning with a zero interval: locking and unlocking around
     // every poll was a quarter of this thread's time on shm at 64 B (perf, issue 10), and the
     // raw loop it races takes no lock at all. It is let go whenever a caller is waiting.
+    if (mark) mark->hold();
     std::unique_lock lock(mutex, std::defer_lock);
     while (running.load(std::memory_order_acquire)) {
       if (callers.load(std::memory_order_acquire) > 0) {
@@ -92,6 +97,7 @@ struct Target::Impl {
         return !running.load(std::memory_order_acquire) || spinning();
       });
     }
+    if (mark) mark->release();
   }
 };
 
@@ -150,6 +156,7 @@ Result<std::unique_ptr<Target>> Target::open(const Configuration& configuration,
   DMA_TRY_ASSIGN(impl->endpoint, Endpoint::open(configuration, internal::Role::kTarget, domain,
                                                 internal::DomainOwner::any_thread()));
   impl->address = impl->endpoint->local_address();
+  impl->mark = internal::LivenessMark::create(impl->address);
   impl->options = options;
   Impl* raw = impl.get();
   try {
