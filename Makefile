@@ -6,7 +6,7 @@ JOBS ?= $(shell nproc)
 PROVIDER ?= tcp
 DEPS := cmake ninja-build g++ pkg-config libfabric-dev libfabric-bin libisal-dev \
         libtomlplusplus-dev libcli11-dev libhiredis-dev nlohmann-json3-dev libgtest-dev libgmock-dev \
-        libbenchmark-dev redis-server iproute2 clang libclang-rt-14-dev
+        libbenchmark-dev libjemalloc-dev redis-server iproute2 clang libclang-rt-14-dev
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
 .PHONY: all deps build build-asan build-tsan test test-release test-asan test-tsan demo bench fuzz soak clean

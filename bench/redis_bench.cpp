@@ -195,7 +195,7 @@ bool one_operation(Kind kind, bool get, Peer& peer, Share& share, Tally& tally) 
 // last written.
 void verify_share(Peer& peer, Share& share, Tally& tally) {
   for (std::size_t index = 0; index < share.keys.size(); ++index) {
-    auto reply = peer.plain->command({"GET", share.keys[index]});
+    auto reply = peer.plain->command({"DMA.GETPLAIN", share.keys[index]});
     if (!reply) {
       ++tally.errors;
       tally.problem("read-back GET " + share.keys[index] + ": " + reply.error().describe());

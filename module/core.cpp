@@ -13,7 +13,6 @@
 #include "dma/protocol.hpp"
 
 namespace dma::module {
-namespace {
 
 bool equals_ignoring_case(std::string_view left, std::string_view right) {
   return left.size() == right.size() &&
@@ -23,7 +22,15 @@ bool equals_ignoring_case(std::string_view left, std::string_view right) {
          });
 }
 
-}  // namespace
+Result<std::uint32_t> parse_crc(std::string_view field) {
+  auto crc = parse_decimal(field, "crc32c");
+  if (!crc) return fail(std::move(crc).error());
+  if (*crc > std::numeric_limits<std::uint32_t>::max()) {
+    return fail(ErrorCode::kInvalidArgument,
+                "crc32c " + std::string(field) + " does not fit in 32 bits");
+  }
+  return static_cast<std::uint32_t>(*crc);
+}
 
 Result<ParsedRegions> parse_regions(std::span<const std::string_view> fields) {
   if (fields.empty() || fields.size() % 3 != 0) {
@@ -76,13 +83,9 @@ Result<SetArguments> parse_set_arguments(std::span<const std::string_view> field
   fields = fields.subspan(1);
   if (!fields.empty() && equals_ignoring_case(fields[0], "CRC")) {
     if (fields.size() < 2) return fail(ErrorCode::kInvalidArgument, "CRC needs a value");
-    auto crc = parse_decimal(fields[1], "crc32c");
+    auto crc = parse_crc(fields[1]);
     if (!crc) return fail(std::move(crc).error());
-    if (*crc > std::numeric_limits<std::uint32_t>::max()) {
-      return fail(ErrorCode::kInvalidArgument, "crc32c " + std::string(fields[1]) +
-                                                   " does not fit in 32 bits");
-    }
-    out.crc = static_cast<std::uint32_t>(*crc);
+    out.crc = *crc;
     fields = fields.subspan(2);
   }
   auto regions = parse_regions(fields);
@@ -185,54 +188,6 @@ bool Sessions::close(std::uint64_t client_id) {
   if (found->second.stage == Stage::kProven) --proven_;
   sessions_.erase(found);
   return true;
-}
-
-TransferContext::TransferContext(Kind kind, std::string key, std::size_t length,
-                                 std::optional<std::uint32_t> crc)
-    : kind_(kind), key_(std::move(key)), expected_crc_(crc), length_(length) {
-  // One byte at least, so an empty value still has a non-null source (the service treats a
-  // null source as "no source").
-  bytes_ = std::make_unique_for_overwrite<std::byte[]>(std::max<std::size_t>(length, 1));
-}
-
-std::unique_ptr<TransferContext> TransferContext::for_get(std::span<const std::byte> value) {
-  std::unique_ptr<TransferContext> context(
-      new TransferContext(Kind::kGet, {}, value.size(), std::nullopt));
-  std::copy(value.begin(), value.end(), context->bytes_.get());
-  return context;
-}
-
-std::unique_ptr<TransferContext> TransferContext::for_set(std::string key, std::size_t length,
-                                                          std::optional<std::uint32_t> crc) {
-  return std::unique_ptr<TransferContext>(
-      new TransferContext(Kind::kSet, std::move(key), length, crc));
-}
-
-std::unique_ptr<TransferContext> TransferContext::for_proof(std::uint64_t client_id) {
-  std::unique_ptr<TransferContext> context(
-      new TransferContext(Kind::kProve, {}, kNonceBytes, std::nullopt));
-  context->client_id_ = client_id;
-  return context;
-}
-
-std::span<const std::byte> TransferContext::source() {
-  if (kind_ != Kind::kGet) return {};
-  return {bytes_.get(), length_};
-}
-
-void TransferContext::on_expired(const Error& error) {
-  if (answer_early == nullptr || blocked == nullptr) return;
-  std::unique_ptr<TransferContext> answer(new TransferContext(kind_, key_, 0, expected_crc_));
-  answer->client_id_ = client_id_;
-  answer->started = started;
-  answer->outcome = Outcome(fail(error));
-  answer->blocked = std::exchange(blocked, nullptr);
-  answer_early(std::move(answer));
-}
-
-std::span<std::byte> TransferContext::allocate(std::size_t length) {
-  if (kind_ == Kind::kGet || length > length_) return {};
-  return {bytes_.get(), length_};
 }
 
 std::string error_reply(const Error& error) {

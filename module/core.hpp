@@ -1,10 +1,10 @@
-// The module's server-independent logic: DMA.GET/DMA.SET argument parsing, the
-// per-transfer contexts and the counters. Nothing here includes the Redis module API, so tests
-// can link it (dma_module_core) without a server.
+// The module's server-independent logic: DMA.GET/DMA.SET argument parsing, the HELLO proof's
+// sessions and the counters. Nothing here includes the Redis module API or the value store, so
+// tests and the fuzz targets link it (dma_module_core) without a server or jemalloc; the
+// transfers' contexts are in transfer.hpp (dma_store).
 //
-// Thread-safety: parsing functions are pure. A TransferContext is touched by one thread at a
-// time, handed over through the service (main thread -> worker -> main thread). Counters are
-// relaxed atomics, updated from any thread. Sessions is main-thread only (not thread-safe).
+// Thread-safety: parsing functions are pure. Counters are relaxed atomics, updated from any
+// thread. Sessions is main-thread only (not thread-safe).
 #pragma once
 
 #include <array>
@@ -39,6 +39,11 @@ struct ParsedRegions {
   std::uint64_t capacity = 0;
 };
 Result<ParsedRegions> parse_regions(std::span<const std::string_view> fields);
+
+// A CRC32C argument: a decimal that fits in 32 bits.
+Result<std::uint32_t> parse_crc(std::string_view field);
+// ASCII case-insensitive equality, for keywords such as CRC.
+bool equals_ignoring_case(std::string_view left, std::string_view right);
 
 // DMA.SET's arguments after the key: <length> [CRC <crc32c>] <rkey> <addr> <len> ...
 struct SetArguments {
@@ -106,59 +111,6 @@ class Sessions {
   std::size_t proven_ = 0;
 };
 
-// One DMA.GET, DMA.SET or DMA.PROVE in flight. It owns the bytes the transfer moves: for a GET a private
-// copy of the value taken when the command ran (so an overwrite or DEL during the write cannot
-// change or free what goes on the wire); for a SET the landing buffer the read fills. It outlives
-// the client: whoever frees it (the server's free-privdata callback) frees the bytes. A proof is
-// a read like a SET whose bytes are compared with the session's nonce instead of stored.
-class TransferContext : public Operands {
- public:
-  enum class Kind : std::uint8_t { kGet, kSet, kProve };
-  // A GET of `value` (copied).
-  static std::unique_ptr<TransferContext> for_get(std::span<const std::byte> value);
-  // A SET of `length` bytes into `key`, checked against `crc` when given.
-  static std::unique_ptr<TransferContext> for_set(std::string key, std::size_t length,
-                                                  std::optional<std::uint32_t> crc);
-  // The read of `client_id`'s proof: kNonceBytes bytes.
-  static std::unique_ptr<TransferContext> for_proof(std::uint64_t client_id);
-
-  std::span<const std::byte> source() override;
-  std::span<std::byte> allocate(std::size_t length) override;
-
-  Kind kind() const noexcept { return kind_; }
-  const std::string& key() const noexcept { return key_; }
-  std::optional<std::uint32_t> expected_crc() const noexcept { return expected_crc_; }
-  std::span<const std::byte> bytes() const noexcept { return {bytes_.get(), length_}; }
-  // The connection that issued the command (whose session a proof is for).
-  std::uint64_t client_id() const noexcept { return client_id_; }
-
-  // The server's handle on the blocked client, opaque here.
-  void* blocked = nullptr;
-  // Set by the batch completer before the context goes back to the main thread.
-  std::optional<Outcome> outcome;
-  // When the command handed the transfer over, for the latency counters.
-  std::chrono::steady_clock::time_point started = std::chrono::steady_clock::now();
-
-  // A transfer that expires (Operands::on_expired) is answered at once, but this context and
-  // its bytes stay with the service until the provider lets go of them. The module sets
-  // `answer_early`; on expiry it receives a bodiless copy (same kind, key and client, the error
-  // as its outcome) that takes over `blocked`, and this context's completion, which comes later
-  // with `blocked` null, only frees it. Runs on the worker thread.
-  using EarlyAnswer = void (*)(std::unique_ptr<TransferContext> answer);
-  EarlyAnswer answer_early = nullptr;
-  void on_expired(const Error& error) override;
-
- private:
-  TransferContext(Kind kind, std::string key, std::size_t length,
-                  std::optional<std::uint32_t> crc);
-  Kind kind_;
-  std::uint64_t client_id_ = 0;
-  std::string key_;
-  std::optional<std::uint32_t> expected_crc_;
-  std::unique_ptr<std::byte[]> bytes_;
-  std::size_t length_ = 0;
-};
-
 // What INFO dma and DMA.INFO report.
 struct Counters {
   std::atomic<std::uint64_t> sessions{0};
@@ -170,6 +122,10 @@ struct Counters {
   std::atomic<std::uint64_t> in_flight{0};
   // DMA.PROVEs that did not prove (mismatch, failed read, malformed): sessions refused.
   std::atomic<std::uint64_t> proofs_refused{0};
+  // DMA.GETs of plain string keys (copied into the arena first) and plain-RESP commands.
+  std::atomic<std::uint64_t> plain_string_copies{0};
+  std::atomic<std::uint64_t> plain_gets{0};
+  std::atomic<std::uint64_t> plain_sets{0};
   // Command-to-completion latency of finished transfers, in microseconds.
   std::atomic<std::uint64_t> latency_total_us{0};
   std::atomic<std::uint64_t> latency_count{0};

@@ -1,5 +1,12 @@
-// The Redis/Valkey module: DMA.HELLO, DMA.PROVE, DMA.GET, DMA.SET, DMA.INFO and the `INFO dma`
-// section.
+// The Redis/Valkey module: DMA.HELLO, DMA.PROVE, DMA.GET, DMA.SET, DMA.GETPLAIN, DMA.SETPLAIN,
+// DMA.INFO, the `INFO dma` section, and the `dma-value` data type DMA.SET stores.
+//
+// Values (store/arena.hpp, transfer.hpp): DMA.SET and DMA.SETPLAIN store a `dma-value`, a
+// reference on a block of the value store's arena, which is registered once on every service
+// at load. DMA.GET sends straight from that block (its transfer holds a reference, so DEL,
+// overwrite or expiry meanwhile frees the block only after the write); DMA.SET reads into a
+// fresh block that replaces the key's value only after the read completed and its CRC32C
+// matched. Each value records its length and CRC32C; RDB save/load and AOF rewrite keep both.
 //
 // Threads: every command, reply callback and server event runs on the server's main thread,
 // which owns the session set. The fabric workers (and CRC pool threads) only run the batch
@@ -16,7 +23,7 @@
 // Lifetimes: a TransferContext is owned by the service while the transfer runs, then by the
 // server as the blocked client's private data; free_context (the free-privdata callback) deletes
 // it whether the client is still there, timed out or disconnected. The server never registers
-// memory for remote access: GET sources and SET landing buffers are local operands only.
+// memory for remote access: the arena is registered for local access only.
 //
 // Shutdown: on the server's shutdown event the services are stopped (in-flight transfers finish
 // or fail, workers joined) before the server exits, so no worker is inside libfabric while the
@@ -31,9 +38,12 @@
 #include <vector>
 
 #include "core.hpp"
+#include "dma/memory.hpp"
 #include "dma/protocol.hpp"
 #include "dma/service.hpp"
 #include "redis_module_api.h"
+#include "store/arena.hpp"
+#include "transfer.hpp"
 
 namespace dma::module {
 namespace {
@@ -44,10 +54,86 @@ namespace {
 struct State {
   ModuleOptions options;
   Counters counters;
+  // Declared before the services: their endpoints close (and drop the arena's registrations)
+  // before the arena unmaps.
+  std::unique_ptr<store::Arena> arena;
   std::unique_ptr<ServiceSet> services;  // null once the server is shutting down
   Sessions sessions;                     // main thread only
+  RedisModuleType* value_type = nullptr;
+  // registrations_made() once the arena was registered: what transfers add is counted after.
+  std::uint64_t registrations_at_load = 0;
+  std::atomic<std::uint64_t> transfers{0};  // submitted DMA.GET/SET/PROVE transfers
 };
 State* state = nullptr;
+
+// The `dma-value` type's RDB encoding: <length> <crc32c> <bytes>.
+constexpr int kValueEncoding = 1;
+
+// ---- RAII over the server's handles ----------------------------------------------------------
+
+struct KeyCloser {
+  void operator()(RedisModuleKey* key) const noexcept { RedisModule_CloseKey(key); }
+};
+using OpenedKey = std::unique_ptr<RedisModuleKey, KeyCloser>;
+
+OpenedKey open_key(RedisModuleCtx* ctx, RedisModuleString* name, int mode) {
+  return OpenedKey(static_cast<RedisModuleKey*>(RedisModule_OpenKey(ctx, name, mode)));
+}
+
+// A string the module created, freed with the context it was made in.
+class OwnedString {
+ public:
+  OwnedString(RedisModuleCtx* ctx, std::string_view text)
+      : ctx_(ctx), string_(RedisModule_CreateString(ctx, text.data(), text.size())) {}
+  ~OwnedString() { RedisModule_FreeString(ctx_, string_); }
+  OwnedString(const OwnedString&) = delete;
+  OwnedString& operator=(const OwnedString&) = delete;
+  RedisModuleString* get() const noexcept { return string_; }
+
+ private:
+  RedisModuleCtx* ctx_;
+  RedisModuleString* string_;
+};
+
+// What a key holds, for the commands that read values.
+struct HeldValue {
+  enum class Kind : std::uint8_t { kMissing, kStored, kString, kOtherType };
+  Kind kind = Kind::kMissing;
+  store::Block stored;              // kStored: a reference on the key's block
+  std::span<const std::byte> text;  // kString: the string's bytes, valid while the key is open
+};
+
+HeldValue held_by(RedisModuleKey* key) {
+  HeldValue held;
+  if (key == nullptr || RedisModule_KeyType(key) == REDISMODULE_KEYTYPE_EMPTY) return held;
+  const int type = RedisModule_KeyType(key);
+  if (type == REDISMODULE_KEYTYPE_MODULE && RedisModule_ModuleTypeGetType(key) == state->value_type) {
+    held.kind = HeldValue::Kind::kStored;
+    held.stored = store::Block::share(RedisModule_ModuleTypeGetValue(key));
+  } else if (type == REDISMODULE_KEYTYPE_STRING) {
+    held.kind = HeldValue::Kind::kString;
+    std::size_t length = 0;
+    const char* bytes = RedisModule_StringDMA(key, &length, REDISMODULE_READ);
+    held.text = std::as_bytes(std::span<const char>(bytes == nullptr ? "" : bytes, length));
+  } else {
+    held.kind = HeldValue::Kind::kOtherType;
+  }
+  return held;
+}
+
+// Makes `block` the value of `name` (a new reference for the key; whatever it held goes, its
+// expiry with it, as with SET).
+Status store_value(RedisModuleCtx* ctx, RedisModuleString* name, const store::Block& block) {
+  OpenedKey key = open_key(ctx, name, REDISMODULE_WRITE);
+  store::Block for_key = block;
+  void* opaque = for_key.release_to_opaque();
+  if (!key || RedisModule_ModuleTypeSetValue(key.get(), state->value_type, opaque) !=
+                  REDISMODULE_OK) {
+    (void)store::Block::adopt(opaque);
+    return fail(ErrorCode::kInvalidArgument, "could not store the value");
+  }
+  return {};
+}
 
 std::string_view view_of(RedisModuleString* string) {
   std::size_t length = 0;
@@ -103,12 +189,24 @@ void refuse_session(std::uint64_t client_id) {
 
 // ---- blocked-client callbacks (main thread) ------------------------------------------------
 
+int reply_length_and_crc(RedisModuleCtx* ctx, std::size_t length, std::uint32_t crc) {
+  RedisModule_ReplyWithArray(ctx, 2);
+  RedisModule_ReplyWithLongLong(ctx, static_cast<long long>(length));
+  RedisModule_ReplyWithLongLong(ctx, static_cast<long long>(crc));
+  return REDISMODULE_OK;
+}
+
+// DMA.GET's and DMA.SET's reply once the transfer is done. A SET's block becomes the key's value
+// here, on the main thread, only if the read succeeded and the CRC matches.
 int reply_transfer(RedisModuleCtx* ctx, RedisModuleString** /*argv*/, int /*argc*/) {
   auto* context = static_cast<TransferContext*>(RedisModule_GetBlockedClientPrivateData(ctx));
   const Outcome& outcome = *context->outcome;
   if (!outcome) return reply_error(ctx, outcome.error());
-  const std::size_t length = context->bytes().size();
-  const std::uint32_t crc = outcome->checksum ? *outcome->checksum : crc32c(context->bytes());
+  store::Block& block = context->block();
+  const std::size_t length = block.length();
+  const std::uint32_t crc = context->crc_known() ? block.crc()
+                            : outcome->checksum   ? *outcome->checksum
+                                                  : crc32c(block.bytes());
   if (context->kind() == TransferContext::Kind::kSet) {
     if (context->expected_crc() && *context->expected_crc() != crc) {
       state->counters.errors.fetch_add(1, std::memory_order_relaxed);
@@ -117,23 +215,13 @@ int reply_transfer(RedisModuleCtx* ctx, RedisModuleString** /*argv*/, int /*argc
                              std::to_string(*context->expected_crc()) + ", the bytes read have " +
                              std::to_string(crc) + "; the key is unchanged");
     }
-    const std::string& name = context->key();
-    RedisModuleString* key_name = RedisModule_CreateString(ctx, name.data(), name.size());
-    auto* key = static_cast<RedisModuleKey*>(RedisModule_OpenKey(ctx, key_name, REDISMODULE_WRITE));
-    RedisModuleString* value = RedisModule_CreateString(
-        ctx, reinterpret_cast<const char*>(context->bytes().data()), length);
-    const int stored = RedisModule_StringSet(key, value);
-    RedisModule_FreeString(ctx, value);
-    RedisModule_CloseKey(key);
-    RedisModule_FreeString(ctx, key_name);
-    if (stored != REDISMODULE_OK) {
-      return reply_error(ctx, ErrorCode::kInvalidArgument, "could not store the value");
+    block.set_crc(crc);
+    const OwnedString name(ctx, context->key());
+    if (Status stored = store_value(ctx, name.get(), block); !stored) {
+      return reply_error(ctx, stored.error());
     }
   }
-  RedisModule_ReplyWithArray(ctx, 2);
-  RedisModule_ReplyWithLongLong(ctx, static_cast<long long>(length));
-  RedisModule_ReplyWithLongLong(ctx, static_cast<long long>(crc));
-  return REDISMODULE_OK;
+  return reply_length_and_crc(ctx, length, crc);
 }
 
 int reply_timeout(RedisModuleCtx* ctx, RedisModuleString** /*argv*/, int /*argc*/) {
@@ -223,6 +311,7 @@ int block_and_submit(RedisModuleCtx* ctx, std::unique_ptr<TransferContext> conte
   TransferContext* raw = context.get();
   request.context = std::move(context);
   state->counters.in_flight.fetch_add(1, std::memory_order_relaxed);
+  state->transfers.fetch_add(1, std::memory_order_relaxed);
   if (Status submitted = state->services->submit(std::move(request)); !submitted) {
     // The request is left untouched on failure: its context comes back to us.
     state->counters.in_flight.fetch_sub(1, std::memory_order_relaxed);
@@ -299,16 +388,23 @@ int prove_command(RedisModuleCtx* ctx, RedisModuleString** argv, int argc) {
                                     : regions.error().message()) +
                            "; the session is closed (say DMA.HELLO again)");
   }
+  auto landing = state->arena->allocate(kNonceBytes);
+  if (!landing) {
+    refuse_session(client_id);
+    return reply_error(ctx, landing.error());
+  }
   TransferRequest request;
   request.client_id = client_id;
   request.regions = std::move(regions->regions);
   request.direction = Direction::kFromPeer;
   request.length = kNonceBytes;
-  return block_and_submit(ctx, TransferContext::for_proof(client_id), std::move(request),
-                          reply_proof);
+  return block_and_submit(ctx, TransferContext::for_proof(client_id, std::move(*landing)),
+                          std::move(request), reply_proof);
 }
 
 // DMA.GET <key> <rkey> <addr> <len> [<rkey> <addr> <len> ...]
+// A stored value goes straight from its block with its recorded CRC; a plain string is copied
+// into the arena first (the key may change or vanish while the write is on the wire).
 int get_command(RedisModuleCtx* ctx, RedisModuleString** argv, int argc) {
   if (argc < 5 || (argc - 2) % 3 != 0) return RedisModule_WrongArity(ctx);
   const std::uint64_t client_id = RedisModule_GetClientId(ctx);
@@ -317,37 +413,38 @@ int get_command(RedisModuleCtx* ctx, RedisModuleString** argv, int argc) {
   auto regions = parse_regions(fields);
   if (!regions) return reply_error(ctx, regions.error());
 
-  auto* key = static_cast<RedisModuleKey*>(RedisModule_OpenKey(ctx, argv[1], REDISMODULE_READ));
-  if (key == nullptr || RedisModule_KeyType(key) == REDISMODULE_KEYTYPE_EMPTY) {
-    if (key != nullptr) RedisModule_CloseKey(key);
-    return RedisModule_ReplyWithNull(ctx);
-  }
-  if (RedisModule_KeyType(key) != REDISMODULE_KEYTYPE_STRING) {
-    RedisModule_CloseKey(key);
+  HeldValue held = held_by(open_key(ctx, argv[1], REDISMODULE_READ).get());
+  if (held.kind == HeldValue::Kind::kMissing) return RedisModule_ReplyWithNull(ctx);
+  if (held.kind == HeldValue::Kind::kOtherType) {
     return RedisModule_ReplyWithError(ctx, REDISMODULE_ERRORMSG_WRONGTYPE);
   }
-  std::size_t length = 0;
-  const char* value = RedisModule_StringDMA(key, &length, REDISMODULE_READ);
+  const std::size_t length =
+      held.kind == HeldValue::Kind::kStored ? held.stored.length() : held.text.size();
   if (length > regions->capacity) {
-    RedisModule_CloseKey(key);
     return reply_error(ctx, ErrorCode::kInvalidArgument,
                        "regions hold " + std::to_string(regions->capacity) +
                            " bytes, fewer than the value's " + std::to_string(length));
   }
-  // The private copy is what goes on the wire: the key may change or vanish meanwhile.
-  auto context = TransferContext::for_get(
-      std::as_bytes(std::span<const char>(value == nullptr ? "" : value, length)));
-  RedisModule_CloseKey(key);
-
+  const bool crc_known = held.kind == HeldValue::Kind::kStored;
+  store::Block block = std::move(held.stored);
+  if (!crc_known) {
+    auto copy = state->arena->allocate(length);
+    if (!copy) return reply_error(ctx, copy.error());
+    if (length != 0) std::memcpy(copy->data(), held.text.data(), length);
+    block = std::move(*copy);
+    state->counters.plain_string_copies.fetch_add(1, std::memory_order_relaxed);
+  }
   TransferRequest request;
   request.client_id = client_id;
   request.regions = std::move(regions->regions);
   request.direction = Direction::kToPeer;
-  request.want_checksum = true;
-  return block_and_submit(ctx, std::move(context), std::move(request));
+  request.want_checksum = !crc_known;
+  return block_and_submit(ctx, TransferContext::for_get(std::move(block), crc_known),
+                          std::move(request));
 }
 
 // DMA.SET <key> <length> [CRC <crc32c>] <rkey> <addr> <len> [...]
+// Reads into a fresh block; the key changes only in reply_transfer, after the read and the CRC.
 int set_command(RedisModuleCtx* ctx, RedisModuleString** argv, int argc) {
   if (argc < 6) return RedisModule_WrongArity(ctx);
   const std::uint64_t client_id = RedisModule_GetClientId(ctx);
@@ -355,8 +452,12 @@ int set_command(RedisModuleCtx* ctx, RedisModuleString** argv, int argc) {
   const auto fields = fields_of(argv, 2, argc);
   auto arguments = parse_set_arguments(fields, state->options.max_value_size);
   if (!arguments) return reply_error(ctx, arguments.error());
-
-  auto context = TransferContext::for_set(std::string(view_of(argv[1])), arguments->length,
+  auto landing = state->arena->allocate(arguments->length);
+  if (!landing) {
+    state->counters.errors.fetch_add(1, std::memory_order_relaxed);
+    return reply_error(ctx, landing.error());
+  }
+  auto context = TransferContext::for_set(std::string(view_of(argv[1])), std::move(*landing),
                                           arguments->crc);
   TransferRequest request;
   request.client_id = client_id;
@@ -365,6 +466,67 @@ int set_command(RedisModuleCtx* ctx, RedisModuleString** argv, int argc) {
   request.length = arguments->length;
   request.want_checksum = true;
   return block_and_submit(ctx, std::move(context), std::move(request));
+}
+
+// DMA.GETPLAIN <key>  ->  the value's bytes (a stored value or a plain string), or nil: for
+// clients without a fabric.
+int getplain_command(RedisModuleCtx* ctx, RedisModuleString** argv, int argc) {
+  if (argc != 2) return RedisModule_WrongArity(ctx);
+  OpenedKey key = open_key(ctx, argv[1], REDISMODULE_READ);
+  const HeldValue held = held_by(key.get());
+  state->counters.plain_gets.fetch_add(1, std::memory_order_relaxed);
+  switch (held.kind) {
+    case HeldValue::Kind::kMissing:
+      return RedisModule_ReplyWithNull(ctx);
+    case HeldValue::Kind::kOtherType:
+      return RedisModule_ReplyWithError(ctx, REDISMODULE_ERRORMSG_WRONGTYPE);
+    case HeldValue::Kind::kStored:
+      return RedisModule_ReplyWithStringBuffer(
+          ctx, reinterpret_cast<const char*>(held.stored.data()), held.stored.length());
+    case HeldValue::Kind::kString:
+      return RedisModule_ReplyWithStringBuffer(
+          ctx, reinterpret_cast<const char*>(held.text.data()), held.text.size());
+  }
+  return REDISMODULE_OK;
+}
+
+// DMA.SETPLAIN <key> <value> [CRC <crc32c>]  ->  [length, crc32c]: stores a value as DMA.SET
+// does, its bytes carried in the command (clients without a fabric; AOF rewrite emits it).
+// With CRC, bytes that do not match are refused and the key is untouched.
+int setplain_command(RedisModuleCtx* ctx, RedisModuleString** argv, int argc) {
+  if (argc != 3 && argc != 5) return RedisModule_WrongArity(ctx);
+  const std::string_view value = view_of(argv[2]);
+  if (value.size() > state->options.max_value_size) {
+    return reply_error(ctx, ErrorCode::kInvalidArgument,
+                       "length " + std::to_string(value.size()) + " exceeds max-value-size " +
+                           std::to_string(state->options.max_value_size));
+  }
+  std::optional<std::uint32_t> expected;
+  if (argc == 5) {
+    if (!equals_ignoring_case(view_of(argv[3]), "CRC")) {
+      return reply_error(ctx, ErrorCode::kInvalidArgument, "expected CRC <crc32c> after the value");
+    }
+    auto crc = parse_crc(view_of(argv[4]));
+    if (!crc) return reply_error(ctx, crc.error());
+    expected = *crc;
+  }
+  auto block = state->arena->copy_of(std::as_bytes(std::span(value.data(), value.size())));
+  if (!block) {
+    state->counters.errors.fetch_add(1, std::memory_order_relaxed);
+    return reply_error(ctx, block.error());
+  }
+  if (expected && *expected != block->crc()) {
+    state->counters.errors.fetch_add(1, std::memory_order_relaxed);
+    return reply_error(ctx, ErrorCode::kCorrupted,
+                       "CRC32C mismatch: the client said " + std::to_string(*expected) +
+                           ", the bytes have " + std::to_string(block->crc()) +
+                           "; the key is unchanged");
+  }
+  if (Status stored = store_value(ctx, argv[1], *block); !stored) {
+    return reply_error(ctx, stored.error());
+  }
+  state->counters.plain_sets.fetch_add(1, std::memory_order_relaxed);
+  return reply_length_and_crc(ctx, block->length(), block->crc());
 }
 
 void reply_counter(RedisModuleCtx* ctx, const char* name, std::uint64_t value) {
@@ -459,6 +621,86 @@ void on_info(RedisModuleInfoCtx* ctx, int /*for_crash_report*/) {
   RedisModule_InfoAddFieldULongLong(ctx, "latency_avg_us", counters.latency_average_us());
   RedisModule_InfoAddFieldULongLong(ctx, "latency_max_us",
                                     counters.latency_max_us.load(std::memory_order_relaxed));
+  const store::ArenaStats arena = state->arena->stats();
+  RedisModule_InfoAddFieldULongLong(ctx, "arena_bytes_registered", arena.registered);
+  RedisModule_InfoAddFieldULongLong(ctx, "arena_bytes_in_use", arena.in_use);
+  RedisModule_InfoAddFieldULongLong(ctx, "arena_bytes_free", arena.free);
+  RedisModule_InfoAddFieldULongLong(ctx, "arena_bytes_mapped", arena.mapped);
+  RedisModule_InfoAddFieldULongLong(ctx, "arena_blocks", arena.blocks);
+  RedisModule_InfoAddFieldULongLong(ctx, "arena_refused", arena.refused);
+  // Registrations made since the arena was registered at load, against transfers submitted:
+  // 0 unless some operand missed the arena (each would cost an fi_mr_reg on verbs and efa).
+  const std::uint64_t registrations = registrations_made() - state->registrations_at_load;
+  const std::uint64_t transfers = state->transfers.load(std::memory_order_relaxed);
+  RedisModule_InfoAddFieldULongLong(ctx, "registrations", registrations);
+  RedisModule_InfoAddFieldULongLong(ctx, "transfers", transfers);
+  char per_op[32];
+  std::snprintf(per_op, sizeof(per_op), "%.4f",
+                transfers == 0 ? 0.0
+                               : static_cast<double>(registrations) / static_cast<double>(transfers));
+  RedisModule_InfoAddFieldCString(ctx, "registrations_per_op", per_op);
+  RedisModule_InfoAddFieldULongLong(ctx, "plain_string_copies",
+                                    counters.plain_string_copies.load(std::memory_order_relaxed));
+  RedisModule_InfoAddFieldULongLong(ctx, "plain_gets",
+                                    counters.plain_gets.load(std::memory_order_relaxed));
+  RedisModule_InfoAddFieldULongLong(ctx, "plain_sets",
+                                    counters.plain_sets.load(std::memory_order_relaxed));
+}
+
+// ---- the dma-value data type (main thread; rdb_save also in a BGSAVE child) ------------------
+
+// RDB: <length> <crc32c> <bytes>. A value whose bytes do not match its CRC, or that the arena
+// cannot hold, fails the load (logged, naming why) rather than loading wrong or partial data.
+void* value_load(RedisModuleIO* rdb, int encoding) {
+  if (encoding != kValueEncoding) {
+    RedisModule_LogIOError(rdb, "warning", "dma: unknown dma-value encoding %d", encoding);
+    return nullptr;
+  }
+  const std::uint64_t length = RedisModule_LoadUnsigned(rdb);
+  const std::uint64_t crc = RedisModule_LoadUnsigned(rdb);
+  std::size_t loaded = 0;
+  std::unique_ptr<char, void (*)(void*)> bytes(RedisModule_LoadStringBuffer(rdb, &loaded),
+                                               RedisModule_Free);
+  if (RedisModule_IsIOError(rdb) || !bytes) return nullptr;
+  auto block = state->arena->copy_of(std::as_bytes(std::span<const char>(bytes.get(), loaded)));
+  if (!block) {
+    RedisModule_LogIOError(rdb, "warning", "dma: cannot load a value: %s",
+                           block.error().describe().c_str());
+    return nullptr;
+  }
+  if (loaded != length || block->crc() != crc) {
+    RedisModule_LogIOError(rdb, "warning",
+                           "dma: a value of %zu bytes (recorded %llu) has CRC32C %u, recorded %llu",
+                           loaded, static_cast<unsigned long long>(length), block->crc(),
+                           static_cast<unsigned long long>(crc));
+    return nullptr;
+  }
+  return block->release_to_opaque();
+}
+
+void value_save(RedisModuleIO* rdb, void* value) {
+  const store::BlockView view = store::Block::view(value);
+  RedisModule_SaveUnsigned(rdb, view.bytes.size());
+  RedisModule_SaveUnsigned(rdb, view.crc);
+  RedisModule_SaveStringBuffer(rdb, reinterpret_cast<const char*>(view.bytes.data()),
+                               view.bytes.size());
+}
+
+// AOF rewrite: one DMA.SETPLAIN per key, with its CRC so a damaged AOF is refused on replay.
+void value_rewrite(RedisModuleIO* aof, RedisModuleString* key, void* value) {
+  const store::BlockView view = store::Block::view(value);
+  RedisModule_EmitAOF(aof, "DMA.SETPLAIN", "sbcl", key,
+                      reinterpret_cast<const char*>(view.bytes.data()), view.bytes.size(), "CRC",
+                      static_cast<long long>(view.crc));
+}
+
+std::size_t value_memory(const void* value) { return store::Block::view(value).footprint; }
+
+void value_free(void* value) { (void)store::Block::adopt(value); }
+
+// COPY shares the block: values never change once stored.
+void* value_copy(RedisModuleString* /*from*/, RedisModuleString* /*to*/, const void* value) {
+  return store::Block::share(const_cast<void*>(value)).release_to_opaque();
 }
 
 // The shared object a signal handler's code lives in ("" for SIG_DFL/SIG_IGN or unknown).
@@ -511,12 +753,16 @@ struct CommandSpec {
 //                                       advertised address; else an error, session closed
 //   DMA.GET <key> <rkey> <addr> <len>.. [length, crc32c] | nil; proven sessions only
 //   DMA.SET <key> <length> [CRC <c>] <rkey> <addr> <len>..  [length, crc32c]; proven only
+//   DMA.GETPLAIN <key>                  the value's bytes | nil; no session needed
+//   DMA.SETPLAIN <key> <value> [CRC <c>]  [length, crc32c]; no session needed
 //   DMA.INFO                            counters and one entry per endpoint
 constexpr CommandSpec kCommands[] = {
     {"dma.hello", hello_command, "deny-script", 0, 0, 0},
     {"dma.prove", prove_command, "deny-script", 0, 0, 0},
     {"dma.get", get_command, "readonly deny-script", 1, 1, 1},
     {"dma.set", set_command, "write deny-oom deny-script", 1, 1, 1},
+    {"dma.getplain", getplain_command, "readonly", 1, 1, 1},
+    {"dma.setplain", setplain_command, "write deny-oom", 1, 1, 1},
     {"dma.info", info_command, "readonly fast", 0, 0, 0},
 };
 
@@ -554,6 +800,35 @@ extern "C" __attribute__((visibility("default"))) int RedisModule_OnLoad(RedisMo
     return REDISMODULE_ERR;
   }
   fresh->services = std::move(*services);
+  auto arena = dma::store::Arena::create(fresh->options.arena_bytes);
+  if (!arena) {
+    RedisModule_Log(ctx, "warning", "dma: %s", arena.error().describe().c_str());
+    state = nullptr;
+    return REDISMODULE_ERR;
+  }
+  fresh->arena = std::move(*arena);
+  if (dma::Status pinned = fresh->services->pin(fresh->arena->base(), fresh->arena->capacity());
+      !pinned) {
+    RedisModule_Log(ctx, "warning", "dma: cannot register arena-bytes %zu for the value store: %s",
+                    fresh->arena->capacity(), pinned.error().describe().c_str());
+    state = nullptr;
+    return REDISMODULE_ERR;
+  }
+  fresh->registrations_at_load = dma::registrations_made();
+  RedisModuleTypeMethods methods{};
+  methods.version = REDISMODULE_TYPE_METHOD_VERSION_3;
+  methods.rdb_load = value_load;
+  methods.rdb_save = value_save;
+  methods.aof_rewrite = value_rewrite;
+  methods.mem_usage = value_memory;
+  methods.free = value_free;
+  methods.copy = value_copy;
+  fresh->value_type = RedisModule_CreateDataType(ctx, "dma-value", kValueEncoding, &methods);
+  if (fresh->value_type == nullptr) {
+    RedisModule_Log(ctx, "warning", "dma: cannot create the dma-value data type");
+    state = nullptr;
+    return REDISMODULE_ERR;
+  }
   for (const CommandSpec& command : kCommands) {
     if (RedisModule_CreateCommand(ctx, command.name, command.function, command.flags,
                                   command.first_key, command.last_key,

@@ -38,6 +38,19 @@ int (*RedisModule_InfoAddSection)(RedisModuleInfoCtx*, const char*) = nullptr;
 int (*RedisModule_InfoAddFieldULongLong)(RedisModuleInfoCtx*, const char*,
                                          unsigned long long) = nullptr;
 int (*RedisModule_InfoAddFieldCString)(RedisModuleInfoCtx*, const char*, const char*) = nullptr;
+RedisModuleType* (*RedisModule_CreateDataType)(RedisModuleCtx*, const char*, int,
+                                               RedisModuleTypeMethods*) = nullptr;
+int (*RedisModule_ModuleTypeSetValue)(RedisModuleKey*, RedisModuleType*, void*) = nullptr;
+RedisModuleType* (*RedisModule_ModuleTypeGetType)(RedisModuleKey*) = nullptr;
+void* (*RedisModule_ModuleTypeGetValue)(RedisModuleKey*) = nullptr;
+void (*RedisModule_SaveUnsigned)(RedisModuleIO*, uint64_t) = nullptr;
+uint64_t (*RedisModule_LoadUnsigned)(RedisModuleIO*) = nullptr;
+void (*RedisModule_SaveStringBuffer)(RedisModuleIO*, const char*, size_t) = nullptr;
+char* (*RedisModule_LoadStringBuffer)(RedisModuleIO*, size_t*) = nullptr;
+int (*RedisModule_IsIOError)(RedisModuleIO*) = nullptr;
+void (*RedisModule_EmitAOF)(RedisModuleIO*, const char*, const char*, ...) = nullptr;
+void (*RedisModule_LogIOError)(RedisModuleIO*, const char*, const char*, ...) = nullptr;
+void (*RedisModule_Free)(void*) = nullptr;
 
 #define DMA_GET_API(name) \
   (RedisModule_GetApi("RedisModule_" #name, reinterpret_cast<void*>(&RedisModule_##name)) == \
@@ -58,7 +71,12 @@ int redis_module_init(RedisModuleCtx* ctx, const char* name, int version, int ap
       DMA_GET_API(Log) && DMA_GET_API(BlockClient) && DMA_GET_API(UnblockClient) &&
       DMA_GET_API(GetBlockedClientPrivateData) && DMA_GET_API(SubscribeToServerEvent) &&
       DMA_GET_API(RegisterInfoFunc) && DMA_GET_API(InfoAddSection) &&
-      DMA_GET_API(InfoAddFieldULongLong) && DMA_GET_API(InfoAddFieldCString);
+      DMA_GET_API(InfoAddFieldULongLong) && DMA_GET_API(InfoAddFieldCString) &&
+      DMA_GET_API(CreateDataType) && DMA_GET_API(ModuleTypeSetValue) &&
+      DMA_GET_API(ModuleTypeGetType) && DMA_GET_API(ModuleTypeGetValue) &&
+      DMA_GET_API(SaveUnsigned) && DMA_GET_API(LoadUnsigned) && DMA_GET_API(SaveStringBuffer) &&
+      DMA_GET_API(LoadStringBuffer) && DMA_GET_API(IsIOError) && DMA_GET_API(EmitAOF) &&
+      DMA_GET_API(LogIOError) && DMA_GET_API(Free);
   if (!resolved) return REDISMODULE_ERR;
   if (RedisModule_IsModuleNameBusy(name)) return REDISMODULE_ERR;
   RedisModule_SetModuleAttribs(ctx, name, version, api_version);

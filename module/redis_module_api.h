@@ -22,6 +22,10 @@ extern "C" {
 
 #define REDISMODULE_KEYTYPE_EMPTY 0
 #define REDISMODULE_KEYTYPE_STRING 1
+#define REDISMODULE_KEYTYPE_MODULE 6
+
+// RedisModuleTypeMethods up to `defrag` (version 3, Redis 6.2 and later).
+#define REDISMODULE_TYPE_METHOD_VERSION_3 3
 
 #define REDISMODULE_ERRORMSG_WRONGTYPE "WRONGTYPE Operation against a key holding the wrong kind of value"
 
@@ -38,6 +42,10 @@ typedef struct RedisModuleKey RedisModuleKey;
 typedef struct RedisModuleString RedisModuleString;
 typedef struct RedisModuleBlockedClient RedisModuleBlockedClient;
 typedef struct RedisModuleInfoCtx RedisModuleInfoCtx;
+typedef struct RedisModuleType RedisModuleType;
+typedef struct RedisModuleIO RedisModuleIO;
+typedef struct RedisModuleDigest RedisModuleDigest;
+typedef struct RedisModuleDefragCtx RedisModuleDefragCtx;
 
 typedef struct RedisModuleEvent {
   uint64_t id;       // REDISMODULE_EVENT_*
@@ -59,6 +67,39 @@ typedef void (*RedisModuleEventCallback)(RedisModuleCtx* ctx, RedisModuleEvent e
                                          uint64_t subevent, void* data);
 typedef void (*RedisModuleInfoFunc)(RedisModuleInfoCtx* ctx, int for_crash_report);
 typedef void (*RedisModuleFreePrivdataFunc)(RedisModuleCtx* ctx, void* privdata);
+
+typedef void* (*RedisModuleTypeLoadFunc)(RedisModuleIO* rdb, int encver);
+typedef void (*RedisModuleTypeSaveFunc)(RedisModuleIO* rdb, void* value);
+typedef int (*RedisModuleTypeAuxLoadFunc)(RedisModuleIO* rdb, int encver, int when);
+typedef void (*RedisModuleTypeAuxSaveFunc)(RedisModuleIO* rdb, int when);
+typedef void (*RedisModuleTypeRewriteFunc)(RedisModuleIO* aof, RedisModuleString* key, void* value);
+typedef size_t (*RedisModuleTypeMemUsageFunc)(const void* value);
+typedef void (*RedisModuleTypeDigestFunc)(RedisModuleDigest* digest, void* value);
+typedef void (*RedisModuleTypeFreeFunc)(void* value);
+typedef size_t (*RedisModuleTypeFreeEffortFunc)(RedisModuleString* key, const void* value);
+typedef void (*RedisModuleTypeUnlinkFunc)(RedisModuleString* key, const void* value);
+typedef void* (*RedisModuleTypeCopyFunc)(RedisModuleString* fromkey, RedisModuleString* tokey,
+                                         const void* value);
+typedef int (*RedisModuleTypeDefragFunc)(RedisModuleDefragCtx* ctx, RedisModuleString* key,
+                                         void** value);
+
+// The data type's callbacks, in redismodule.h's order (fields past `defrag` need version 4).
+typedef struct RedisModuleTypeMethods {
+  uint64_t version;
+  RedisModuleTypeLoadFunc rdb_load;
+  RedisModuleTypeSaveFunc rdb_save;
+  RedisModuleTypeRewriteFunc aof_rewrite;
+  RedisModuleTypeMemUsageFunc mem_usage;
+  RedisModuleTypeDigestFunc digest;
+  RedisModuleTypeFreeFunc free;
+  RedisModuleTypeAuxLoadFunc aux_load;
+  RedisModuleTypeAuxSaveFunc aux_save;
+  int aux_save_triggers;
+  RedisModuleTypeFreeEffortFunc free_effort;
+  RedisModuleTypeUnlinkFunc unlink;
+  RedisModuleTypeCopyFunc copy;
+  RedisModuleTypeDefragFunc defrag;
+} RedisModuleTypeMethods;
 
 }  // extern "C"
 
@@ -99,6 +140,19 @@ extern int (*RedisModule_InfoAddSection)(RedisModuleInfoCtx*, const char*);
 extern int (*RedisModule_InfoAddFieldULongLong)(RedisModuleInfoCtx*, const char*,
                                                 unsigned long long);
 extern int (*RedisModule_InfoAddFieldCString)(RedisModuleInfoCtx*, const char*, const char*);
+extern RedisModuleType* (*RedisModule_CreateDataType)(RedisModuleCtx*, const char*, int,
+                                                      RedisModuleTypeMethods*);
+extern int (*RedisModule_ModuleTypeSetValue)(RedisModuleKey*, RedisModuleType*, void*);
+extern RedisModuleType* (*RedisModule_ModuleTypeGetType)(RedisModuleKey*);
+extern void* (*RedisModule_ModuleTypeGetValue)(RedisModuleKey*);
+extern void (*RedisModule_SaveUnsigned)(RedisModuleIO*, uint64_t);
+extern uint64_t (*RedisModule_LoadUnsigned)(RedisModuleIO*);
+extern void (*RedisModule_SaveStringBuffer)(RedisModuleIO*, const char*, size_t);
+extern char* (*RedisModule_LoadStringBuffer)(RedisModuleIO*, size_t*);
+extern int (*RedisModule_IsIOError)(RedisModuleIO*);
+extern void (*RedisModule_EmitAOF)(RedisModuleIO*, const char*, const char*, ...);
+extern void (*RedisModule_LogIOError)(RedisModuleIO*, const char*, const char*, ...);
+extern void (*RedisModule_Free)(void*);
 
 // What RedisModule_Init does in redismodule.h: reads RedisModule_GetApi from the context's first
 // word, resolves every pointer above by name, refuses a busy name, and sets the module's name and

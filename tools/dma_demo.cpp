@@ -157,7 +157,7 @@ dma::Result<Row> run_sets(Session& session, std::size_t size,
   }
   const auto& last = values[(count - 1) % 2];
   for (const std::string& key : {dma_key, plain_key}) {
-    DMA_TRY_ASSIGN(const dma::support::Reply reply, session.plain.command({"GET", key}));
+    DMA_TRY_ASSIGN(const dma::support::Reply reply, session.plain.command({"DMA.GETPLAIN", key}));
     const bool same = dma::support::reply_text(reply) == as_text(last) &&
                       reply->type == REDIS_REPLY_STRING;
     if (!same) {

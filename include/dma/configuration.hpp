@@ -65,6 +65,9 @@ struct Configuration {
 };
 
 inline constexpr std::size_t kDefaultMaxValueSize = std::size_t{512} << 20;
+// The value store's reservation (module argument arena-bytes): default and least.
+inline constexpr std::size_t kDefaultArenaBytes = std::size_t{1} << 30;
+inline constexpr std::size_t kMinArenaBytes = std::size_t{16} << 20;
 
 // What the Redis module's load arguments (`--loadmodule dma.so [name value]...`) configure.
 struct ModuleOptions {
@@ -73,6 +76,8 @@ struct ModuleOptions {
   std::size_t services_per_domain = 1;
   // Largest value DMA.SET accepts, in bytes.
   std::size_t max_value_size = kDefaultMaxValueSize;
+  // Bytes reserved for stored values, registered once on every service.
+  std::size_t arena_bytes = kDefaultArenaBytes;
 };
 
 // Parses the module's load arguments as name/value pairs: every Configuration field under its

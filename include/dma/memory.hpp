@@ -22,6 +22,10 @@ namespace dma {
 // or madvise()d away.
 void invalidate(std::uintptr_t start, std::uintptr_t end) noexcept;
 
+// How many memory registrations (fi_mr_reg) this process has made so far, on every domain, for
+// operands and exposed buffers alike: what a server reports as registrations per operation.
+std::uint64_t registrations_made() noexcept;
+
 // An extent the caller knows to be stable and registrable as a whole (an allocator's extent, a
 // slab) that contains an operand. Registering the span instead of the operand lets neighbouring
 // operands share one registration. The caller must invalidate() it before reclaiming it.

@@ -1,6 +1,7 @@
 #include "fabric/endpoint.hpp"
 
 #include <algorithm>
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <set>
@@ -226,6 +227,12 @@ Endpoint::~Endpoint() {
   if (closes_) closes_->drain();
 }
 
+static std::atomic<std::uint64_t>& registrations_counter() noexcept {
+  // Process-wide like the registry: DMA.INFO's registrations per operation counts them all.
+  static std::atomic<std::uint64_t> made{0};
+  return made;
+}
+
 Result<Lease> Endpoint::register_memory(std::uintptr_t base, std::size_t length,
                                         std::uint64_t access) {
   if (length == 0) return fail(ErrorCode::kInvalidArgument, "cannot register 0 bytes");
@@ -238,8 +245,15 @@ Result<Lease> Endpoint::register_memory(std::uintptr_t base, std::size_t length,
   const int code = fi_mr_reg(domain_.get(), reinterpret_cast<const void*>(base), length, access,
                              0, requested_key, 0, &opened, nullptr);
   if (code != 0) return fail(registration_error(length, code, memlock_limit()));
+  registrations_counter().fetch_add(1, std::memory_order_relaxed);
   FidPtr<fid_mr> region(opened);
   return std::make_shared<Registration>(std::move(region), closes_);
 }
 
 }  // namespace dma::internal
+
+namespace dma {
+std::uint64_t registrations_made() noexcept {
+  return internal::registrations_counter().load(std::memory_order_relaxed);
+}
+}  // namespace dma

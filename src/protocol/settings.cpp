@@ -75,7 +75,7 @@ const std::array<Setting<Configuration>, 9> kConfigurationSettings{{
      "largest single RMA posted; larger pieces are split; 0: the provider's max_msg_size"},
 }};
 
-const std::array<Setting<ModuleOptions>, 2> kModuleSettings{{
+const std::array<Setting<ModuleOptions>, 3> kModuleSettings{{
     {"", "services-per-domain", Kind::kInteger, 1, kMaxServicesPerDomain,
      [](ModuleOptions& o, Value&& v) { o.services_per_domain = number_of(v); },
      [](const ModuleOptions& o) { return std::to_string(o.services_per_domain); },
@@ -84,6 +84,11 @@ const std::array<Setting<ModuleOptions>, 2> kModuleSettings{{
      [](ModuleOptions& o, Value&& v) { o.max_value_size = number_of(v); },
      [](const ModuleOptions& o) { return std::to_string(o.max_value_size); },
      "largest value DMA.SET accepts, in bytes"},
+    {"", "arena-bytes", Kind::kInteger, kMinArenaBytes, kUnbounded,
+     [](ModuleOptions& o, Value&& v) { o.arena_bytes = number_of(v); },
+     [](const ModuleOptions& o) { return std::to_string(o.arena_bytes); },
+     "memory reserved at load for the values DMA.SET stores, registered once on every "
+     "endpoint (pinned on verbs and efa); a SET that does not fit is refused naming it"},
 }};
 
 std::string_view kind_name(Kind kind) {
