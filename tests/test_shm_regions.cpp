@@ -36,6 +36,15 @@ using internal::sweep_stale_shm_regions;
 
 const std::string kCli = DMA_BINARY_DIR "/bin/dma-cli";
 
+// The advertisement a `dma-cli target` child prints first (a fatal failure if it prints none).
+void read_advertisement(testing::Child& target, Advertisement& advertisement) {
+  ASSERT_TRUE(target.running());
+  const std::string wire = target.read_line();
+  auto parsed = parse_advertisement(wire);
+  ASSERT_TRUE(parsed) << "'" << wire << "': " << parsed.error().describe();
+  advertisement = *std::move(parsed);
+}
+
 // A scratch directory standing in for /dev/shm, removed at the end.
 class ScratchDirectory {
  public:
@@ -109,11 +118,9 @@ TEST(ShmRegions, a_region_of_a_pid_that_no_longer_exists_is_removed) {
 TEST(ShmRegions, a_killed_target_s_region_is_swept_by_the_next_shm_endpoint) {
   // If this fails, SIGKILLed shm clients leave their regions in /dev/shm for good.
   testing::Child target({kCli, "target", "--provider", "shm", "--size", "4096"});
-  ASSERT_TRUE(target.running());
-  const std::string wire = target.read_line();
-  auto advertisement = parse_advertisement(wire);
-  ASSERT_TRUE(advertisement) << "'" << wire << "': " << advertisement.error().describe();
-  const fs::path region = region_file(advertisement->address);
+  Advertisement advertisement;
+  ASSERT_NO_FATAL_FAILURE(read_advertisement(target, advertisement));
+  const fs::path region = region_file(advertisement.address);
   ASSERT_TRUE(fs::exists(region)) << region;
   target.kill_now();
   ASSERT_TRUE(fs::exists(region)) << "shm unlinked a SIGKILLed process's region itself";
@@ -148,12 +155,10 @@ TEST(PeerProcess, a_killed_peer_is_seen_as_exited_before_it_is_reaped) {
   // If this fails, transfers to a dead shm client are posted into its region, and one whose
   // owner died holding the region's lock hangs the fabric worker for good.
   testing::Child target({kCli, "target", "--provider", "shm", "--size", "4096"});
-  ASSERT_TRUE(target.running());
-  const std::string wire = target.read_line();
-  auto advertisement = parse_advertisement(wire);
-  ASSERT_TRUE(advertisement) << "'" << wire << "': " << advertisement.error().describe();
-  const auto owner = shm_address_owner(advertisement->address);
-  ASSERT_TRUE(owner) << wire;
+  Advertisement advertisement;
+  ASSERT_NO_FATAL_FAILURE(read_advertisement(target, advertisement));
+  const auto owner = shm_address_owner(advertisement.address);
+  ASSERT_TRUE(owner) << to_wire(advertisement);
   EXPECT_EQ(target.pid(), owner->pid);
   PeerProcess watch(*owner);
   EXPECT_FALSE(watch.exited());
@@ -182,12 +187,10 @@ TEST(PeerProcess, one_question_per_channel_batch_answers_every_transfer_taken_in
   // after its peer died is answered "alive" from an older question and posted into a region
   // whose lock the dead peer may hold.
   testing::Child target({kCli, "target", "--provider", "shm", "--size", "4096"});
-  ASSERT_TRUE(target.running());
-  const std::string wire = target.read_line();
-  auto advertisement = parse_advertisement(wire);
-  ASSERT_TRUE(advertisement) << "'" << wire << "': " << advertisement.error().describe();
-  const auto owner = shm_address_owner(advertisement->address);
-  ASSERT_TRUE(owner) << wire;
+  Advertisement advertisement;
+  ASSERT_NO_FATAL_FAILURE(read_advertisement(target, advertisement));
+  const auto owner = shm_address_owner(advertisement.address);
+  ASSERT_TRUE(owner) << to_wire(advertisement);
   PeerProcess watch(*owner);
   PeerProcess probe(*owner);  // asks afresh each time: tells when the kernel shows the exit
   // Batch 1: the first transfer asks; the question serves the rest of its batch.
@@ -213,13 +216,11 @@ TEST(LivenessMark, a_targets_mark_says_alive_without_a_syscall_and_dead_as_soon_
   // (a third of the worker's time at 64 B), or the mark answers "alive" for a process whose
   // exit could already be seen, and a transfer is posted into a dead peer's region.
   testing::Child target({kCli, "target", "--provider", "shm", "--size", "4096"});
-  ASSERT_TRUE(target.running());
-  const std::string wire = target.read_line();
-  auto advertisement = parse_advertisement(wire);
-  ASSERT_TRUE(advertisement) << "'" << wire << "': " << advertisement.error().describe();
-  const auto owner = shm_address_owner(advertisement->address);
-  ASSERT_TRUE(owner) << wire;
-  PeerProcess watch(*owner, advertisement->address);
+  Advertisement advertisement;
+  ASSERT_NO_FATAL_FAILURE(read_advertisement(target, advertisement));
+  const auto owner = shm_address_owner(advertisement.address);
+  ASSERT_TRUE(owner) << to_wire(advertisement);
+  PeerProcess watch(*owner, advertisement.address);
   PeerProcess probe(*owner);  // no mark: asks the pidfd every time
   auto deadline = std::chrono::steady_clock::now() + testing::kDeadline;
   while (!watch.marked() && std::chrono::steady_clock::now() < deadline) {
