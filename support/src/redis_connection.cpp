@@ -45,13 +45,22 @@ Result<Reply> RedisConnection::receive() { return redis::receive(context_); }
 
 std::optional<long long> RedisConnection::info_field(std::string_view section,
                                                      std::string_view name) {
+  const auto text = info_text(section, name);
+  if (!text) return std::nullopt;
+  return std::strtoll(text->c_str(), nullptr, 10);
+}
+
+std::optional<std::string> RedisConnection::info_text(std::string_view section,
+                                                      std::string_view name) {
   auto reply = command({"INFO", section});
   if (!reply || (*reply)->type != REDIS_REPLY_STRING) return std::nullopt;
-  const std::string text((*reply)->str, (*reply)->len);
+  const std::string text = "\n" + std::string((*reply)->str, (*reply)->len);
   const std::string label = "\n" + std::string(name) + ":";
-  const std::size_t at = ("\n" + text).find(label);
+  const std::size_t at = text.find(label);
   if (at == std::string::npos) return std::nullopt;
-  return std::strtoll(text.c_str() + at + label.size() - 1, nullptr, 10);
+  const std::size_t start = at + label.size();
+  const std::size_t end = text.find_first_of("\r\n", start);
+  return text.substr(start, end == std::string::npos ? std::string::npos : end - start);
 }
 
 std::string error_text(const Reply& reply) {

@@ -98,12 +98,21 @@ int free_port() {
 
 Result<std::unique_ptr<RedisServer>> RedisServer::start(const Options& options) {
   DMA_TRY_ASSIGN(const std::string module, module_of(options));
+  if (options.cluster && options.directory.empty()) {
+    return fail(ErrorCode::kInvalidArgument, "a cluster node needs Options::directory");
+  }
   std::string last_log;
   for (int attempt = 0; attempt < kBindAttempts; ++attempt) {
     const int port = options.port != 0 ? options.port : free_port();
     if (port == 0) return fail(ErrorCode::kResourceExhausted, "no free loopback port");
     auto server = std::unique_ptr<RedisServer>(
         new RedisServer(port, log_path_for(port), options.stop_deadline));
+    if (options.cluster) {
+      server->cluster_port_ = free_port();
+      if (server->cluster_port_ == 0 || server->cluster_port_ == port) {
+        return fail(ErrorCode::kResourceExhausted, "no free loopback port for the cluster bus");
+      }
+    }
     DMA_TRY(server->spawn(options, module));
     auto ready = server->wait_ready(options.start_deadline);
     if (ready) return server;
@@ -189,6 +198,12 @@ Status RedisServer::spawn(const Options& options, const std::string& module) {
   // calloc then crashes inside the tsan runtime (seen: SIGSEGV in jemalloc_bg_thd at load).
   arguments.insert(arguments.end(), {"--jemalloc-bg-thread", "no"});
 #endif
+  if (!options.directory.empty()) arguments.insert(arguments.end(), {"--dir", options.directory});
+  if (options.cluster) {
+    arguments.insert(arguments.end(),
+                     {"--cluster-enabled", "yes", "--cluster-port", std::to_string(cluster_port_),
+                      "--cluster-config-file", "nodes-" + std::to_string(port_) + ".conf"});
+  }
   arguments.insert(arguments.end(), options.server_arguments.begin(),
                    options.server_arguments.end());
   arguments.push_back("--loadmodule");

@@ -45,6 +45,8 @@ class RedisConnection {
 
   // A numeric field of `INFO <section>` (e.g. "used_memory_rss"), or nullopt if it is missing.
   std::optional<long long> info_field(std::string_view section, std::string_view name);
+  // Any field of `INFO <section>` as text (e.g. "master_link_status"), or nullopt.
+  std::optional<std::string> info_text(std::string_view section, std::string_view name);
 
  private:
   explicit RedisConnection(redisContext* context) : context_(context) {}

@@ -40,8 +40,19 @@ class RedisServer {
     std::string module_path;
     // Module load arguments as name/value pairs (module/core.hpp parse_module_arguments).
     std::vector<std::string> module_arguments{"providers", "tcp", "bind", "127.0.0.1"};
-    // Extra redis-server options placed before --loadmodule, e.g. {"--maxmemory", "1gb"}.
+    // Extra redis-server options placed before --loadmodule, e.g. {"--maxmemory", "1gb"},
+    // {"--replicaof", "127.0.0.1", "6379"}, {"--appendonly", "yes"} (they override the defaults
+    // above).
     std::vector<std::string> server_arguments;
+    // The server's working directory (--dir), where its RDB, AOF and cluster node file live;
+    // it must exist. Empty: none given (the caller's current directory, fine while nothing is
+    // saved).
+    std::string directory;
+    // Cluster mode: --cluster-enabled yes, the cluster bus on a second free loopback port
+    // (--cluster-port: the default, port + 10000, is out of range for most ports the kernel
+    // hands out) and --cluster-config-file nodes-<port>.conf, inside `directory`, which a
+    // cluster node needs.
+    bool cluster = false;
     int port = 0;                             // 0: pick a free loopback port
     std::string executable = "redis-server";  // looked up in PATH
     std::chrono::milliseconds start_deadline{30000};
@@ -68,6 +79,8 @@ class RedisServer {
 
   const std::string& host() const noexcept { return host_; }
   int port() const noexcept { return port_; }
+  // The cluster bus port (Options::cluster), else 0.
+  int cluster_port() const noexcept { return cluster_port_; }
   pid_t pid() const noexcept { return child_->pid(); }
   // Everything the server wrote to stdout and stderr so far.
   std::string log() const;
@@ -94,6 +107,7 @@ class RedisServer {
 
   std::string host_ = "127.0.0.1";
   int port_;
+  int cluster_port_ = 0;
   std::string log_path_;
   std::chrono::milliseconds stop_deadline_;
   // Declared last: destroyed (the child reaped) before the log path, which ~RedisServer removes.
