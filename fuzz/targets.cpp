@@ -401,27 +401,75 @@ Violation check_regions(std::span<const std::string_view> fields) {
   return compare_regions(*parsed, *expected, "parse_regions");
 }
 
+// The reference for a write's options (module/core.hpp, "a write's options"): keywords in any
+// order, each once, EX/PX/EXAT/PXAT/KEEPTTL exclusive, NX/XX exclusive, TTL values 1..2^63-1
+// milliseconds; stops at the first non-keyword. nullopt: refused.
+struct ExpectedOptions {
+  module::WriteOptions options;
+  std::size_t consumed = 0;
+};
+std::optional<ExpectedOptions> reference_options(std::span<const std::string_view> fields,
+                                                 bool allow_get) {
+  ExpectedOptions out;
+  bool ttl_seen = false;
+  bool condition_seen = false;
+  constexpr std::uint64_t kMax = static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max());
+  std::size_t index = 0;
+  for (; index < fields.size(); ++index) {
+    const std::string_view field = fields[index];
+    const bool has_value = index + 1 < fields.size();
+    if (equals_ignoring_case(field, "CRC")) {
+      if (out.options.crc || !has_value) return std::nullopt;
+      const auto value = reference_decimal(fields[index + 1]);
+      if (!value || *value > std::numeric_limits<std::uint32_t>::max()) return std::nullopt;
+      out.options.crc = static_cast<std::uint32_t>(*value);
+      ++index;
+    } else if (equals_ignoring_case(field, "EX") || equals_ignoring_case(field, "PX") ||
+               equals_ignoring_case(field, "EXAT") || equals_ignoring_case(field, "PXAT")) {
+      if (ttl_seen || !has_value) return std::nullopt;
+      ttl_seen = true;
+      const bool seconds = lower(field[0]) == 'e';
+      const auto value = reference_decimal(fields[index + 1]);
+      if (!value || *value == 0 || *value > (seconds ? kMax / 1000 : kMax)) return std::nullopt;
+      out.options.expiry.kind =
+          field.size() == 4 ? module::Expiry::Kind::kAbsolute : module::Expiry::Kind::kRelative;
+      out.options.expiry.milliseconds = static_cast<std::int64_t>(*value * (seconds ? 1000 : 1));
+      ++index;
+    } else if (equals_ignoring_case(field, "KEEPTTL")) {
+      if (ttl_seen) return std::nullopt;
+      ttl_seen = true;
+      out.options.expiry.kind = module::Expiry::Kind::kKeep;
+    } else if (equals_ignoring_case(field, "NX") || equals_ignoring_case(field, "XX")) {
+      if (condition_seen) return std::nullopt;
+      condition_seen = true;
+      out.options.condition = lower(field[0]) == 'n' ? module::Condition::kIfAbsent
+                                                      : module::Condition::kIfPresent;
+    } else if (equals_ignoring_case(field, "GET")) {
+      if (!allow_get || out.options.get) return std::nullopt;
+      out.options.get = true;
+    } else {
+      break;
+    }
+  }
+  out.consumed = index;
+  return out;
+}
+
 Violation check_set(std::span<const std::string_view> fields, std::size_t max_value_size,
                     std::optional<module::SetArguments>& accepted) {
   auto parsed = module::parse_set_arguments(fields, max_value_size);
-  // The reference: <length> [CRC <crc32c>] <regions...>, length <= max and <= the regions' total.
+  // The reference: <length> [options] <regions...>, length <= max and <= the regions' total.
   std::optional<module::SetArguments> expected;
   const auto length = fields.empty() ? std::nullopt : reference_decimal(fields[0]);
   if (length && *length <= max_value_size) {
     std::span<const std::string_view> rest = fields.subspan(1);
-    std::optional<std::uint32_t> crc;
-    bool crc_ok = true;
-    if (!rest.empty() && equals_ignoring_case(rest[0], "CRC")) {
-      const auto value = rest.size() >= 2 ? reference_decimal(rest[1]) : std::nullopt;
-      crc_ok = value && *value <= std::numeric_limits<std::uint32_t>::max();
-      if (crc_ok) crc = static_cast<std::uint32_t>(*value);
-      rest = rest.size() >= 2 ? rest.subspan(2) : rest.subspan(rest.size());
-    }
-    const auto regions = crc_ok ? reference_regions(rest) : std::nullopt;
+    const auto options = reference_options(rest, /*allow_get=*/false);
+    const auto regions =
+        options ? reference_regions(rest.subspan(options->consumed)) : std::nullopt;
     if (regions && regions->capacity >= *length) {
       module::SetArguments set;
       set.length = *length;
-      set.crc = crc;
+      set.options = options->options;
       for (const RemoteRegion& region : regions->regions) set.regions.regions.push_back(region);
       set.regions.capacity = regions->capacity;
       expected = std::move(set);
@@ -435,10 +483,10 @@ Violation check_set(std::span<const std::string_view> fields, std::size_t max_va
   }
   if (!parsed) return check_client_error(parsed.error(), "parse_set_arguments");
   if (parsed->length != expected->length || parsed->length > max_value_size ||
-      parsed->crc != expected->crc || parsed->regions.capacity < parsed->length) {
+      !(parsed->options == expected->options) || parsed->regions.capacity < parsed->length) {
     return "parse_set_arguments(max " + std::to_string(max_value_size) + ") read length " +
            std::to_string(parsed->length) + " (expected " + std::to_string(expected->length) +
-           ") or its CRC wrongly";
+           ") or its options wrongly";
   }
   ExpectedRegions regions;
   for (std::size_t i = 0; i < expected->regions.regions.size(); ++i) {
@@ -449,6 +497,21 @@ Violation check_set(std::span<const std::string_view> fields, std::size_t max_va
     return violation;
   }
   accepted = std::move(*parsed);
+  return std::nullopt;
+}
+
+// DMA.SETPLAIN's options: the same grammar with GET, and nothing may follow them.
+Violation check_setplain(std::span<const std::string_view> fields) {
+  auto parsed = module::parse_setplain_options(fields);
+  const auto expected = reference_options(fields, /*allow_get=*/true);
+  const bool accepted = expected && expected->consumed == fields.size();
+  if (parsed.has_value() != accepted) {
+    return std::string("parse_setplain_options ") + (parsed ? "accepted" : "refused") +
+           " fields the reference " + (parsed ? "refuses" : "accepts") +
+           (parsed ? std::string() : ": " + parsed.error().message());
+  }
+  if (!parsed) return check_client_error(parsed.error(), "parse_setplain_options");
+  if (!(*parsed == expected->options)) return std::string("parse_setplain_options misread options");
   return std::nullopt;
 }
 
@@ -509,7 +572,8 @@ Violation module_arguments(std::span<const std::uint8_t> input) {
   if (auto violation = check_set(fields, 64, small)) return violation;
   if (auto violation = check_set(fields, module::kDefaultMaxValueSize, large)) return violation;
   // A larger max-value-size never refuses what a smaller one accepts.
-  if (small && (!large || large->length != small->length || large->crc != small->crc)) {
+  if (auto violation = check_setplain(fields)) return violation;
+  if (small && (!large || large->length != small->length || !(large->options == small->options))) {
     return std::string("parse_set_arguments accepted under max-value-size 64 but not under the default");
   }
   return std::nullopt;

@@ -33,11 +33,12 @@ Violation advertisement(std::span<const std::uint8_t> input);
 // back as TOML parses to the same configuration; a refused one has a one-line message.
 Violation configuration(std::span<const std::uint8_t> input);
 
-// The input split on spaces into fields, given to parse_module_arguments, parse_regions and
-// parse_set_arguments (with a small and the default max-value-size): accepted options are in
-// range, accepted regions are 1..kMaxRemoteRegions non-empty triples whose total is their exact
-// sum, an accepted SET length fits both max-value-size and the regions; every error (replied to a
-// client, or logged at load time) is printable ASCII.
+// The input split on spaces into fields, given to parse_module_arguments, parse_regions,
+// parse_set_arguments (with a small and the default max-value-size) and parse_setplain_options:
+// accepted options are in range, accepted regions are 1..kMaxRemoteRegions non-empty triples
+// whose total is their exact sum, an accepted SET length fits both max-value-size and the
+// regions, a write's options (CRC, TTL, NX/XX, GET) agree with a reference grammar; every error
+// (replied to a client, or logged at load time) is printable ASCII.
 Violation module_arguments(std::span<const std::uint8_t> input);
 
 struct Target {

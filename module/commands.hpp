@@ -1,6 +1,6 @@
 // The module's commands, its INFO section and its data type, one file per concern:
 //   session_commands.cpp  DMA.HELLO, DMA.PROVE (the session's proof)
-//   value_commands.cpp    DMA.GET, DMA.SET, DMA.GETPLAIN, DMA.SETPLAIN
+//   value_commands.cpp    DMA.GET, DMA.SET, DMA.GETPLAIN, DMA.SETPLAIN (their writes: write.hpp)
 //   info.cpp              DMA.INFO and the `INFO dma` section
 //   value_type.cpp        the `dma-value` data type's callbacks
 // module.cpp lists them in one table and registers them. Every command runs on the server's

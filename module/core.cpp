@@ -68,6 +68,129 @@ Result<ParsedRegions> parse_regions(std::span<const std::string_view> fields) {
   return out;
 }
 
+namespace {
+
+constexpr std::int64_t kMaxMilliseconds = std::numeric_limits<std::int64_t>::max();
+
+// The TTL keywords and what they mean: relative or absolute, in seconds or milliseconds.
+struct TtlKeyword {
+  std::string_view name;
+  Expiry::Kind kind;
+  bool seconds;
+};
+constexpr TtlKeyword kTtlKeywords[] = {
+    {"EX", Expiry::Kind::kRelative, true},
+    {"PX", Expiry::Kind::kRelative, false},
+    {"EXAT", Expiry::Kind::kAbsolute, true},
+    {"PXAT", Expiry::Kind::kAbsolute, false},
+};
+
+Error twice_or_combined(std::string_view earlier, std::string_view now) {
+  if (earlier == now) return Error(ErrorCode::kInvalidArgument, std::string(now) + " is given twice");
+  return Error(ErrorCode::kInvalidArgument,
+               std::string(earlier) + " and " + std::string(now) + " cannot be combined");
+}
+
+}  // namespace
+
+Result<ParsedOptions> parse_write_options(std::span<const std::string_view> fields,
+                                          bool allow_get) {
+  ParsedOptions out;
+  WriteOptions& options = out.options;
+  std::string_view ttl_option;        // the TTL keyword seen, if any
+  std::string_view condition_option;  // NX or XX, if seen
+  std::size_t index = 0;
+  while (index < fields.size()) {
+    const std::string_view field = fields[index];
+    if (equals_ignoring_case(field, "CRC")) {
+      if (options.crc) return fail(twice_or_combined("CRC", "CRC"));
+      if (index + 1 >= fields.size()) {
+        return fail(ErrorCode::kInvalidArgument, "CRC needs a value");
+      }
+      DMA_TRY_ASSIGN(options.crc, parse_crc(fields[index + 1]));
+      index += 2;
+      continue;
+    }
+    const TtlKeyword* ttl = nullptr;
+    for (const TtlKeyword& keyword : kTtlKeywords) {
+      if (equals_ignoring_case(field, keyword.name)) ttl = &keyword;
+    }
+    if (ttl != nullptr || equals_ignoring_case(field, "KEEPTTL")) {
+      const std::string_view name = ttl != nullptr ? ttl->name : std::string_view("KEEPTTL");
+      if (!ttl_option.empty()) return fail(twice_or_combined(ttl_option, name));
+      ttl_option = name;
+      if (ttl == nullptr) {
+        options.expiry = Expiry{Expiry::Kind::kKeep, 0};
+        index += 1;
+        continue;
+      }
+      if (index + 1 >= fields.size()) {
+        return fail(ErrorCode::kInvalidArgument, std::string(name) + " needs a value");
+      }
+      DMA_TRY_ASSIGN(const std::uint64_t value, parse_decimal(fields[index + 1], name));
+      const std::uint64_t limit = ttl->seconds ? static_cast<std::uint64_t>(kMaxMilliseconds) / 1000
+                                               : static_cast<std::uint64_t>(kMaxMilliseconds);
+      if (value == 0 || value > limit) {
+        return fail(ErrorCode::kInvalidArgument,
+                    "invalid expire time: " + std::string(name) + " " + std::to_string(value) +
+                        " is not in 1.." + std::to_string(limit));
+      }
+      options.expiry = Expiry{ttl->kind, static_cast<std::int64_t>(value) * (ttl->seconds ? 1000 : 1)};
+      index += 2;
+      continue;
+    }
+    if (equals_ignoring_case(field, "NX") || equals_ignoring_case(field, "XX")) {
+      const bool absent = equals_ignoring_case(field, "NX");
+      const std::string_view name = absent ? "NX" : "XX";
+      if (!condition_option.empty()) return fail(twice_or_combined(condition_option, name));
+      condition_option = name;
+      options.condition = absent ? Condition::kIfAbsent : Condition::kIfPresent;
+      index += 1;
+      continue;
+    }
+    if (equals_ignoring_case(field, "GET")) {
+      if (!allow_get) {
+        return fail(ErrorCode::kInvalidArgument,
+                    "GET does not fit DMA.SET: the old value would need regions of its own (use "
+                    "DMA.GET first, or DMA.SETPLAIN ... GET)");
+      }
+      if (options.get) return fail(twice_or_combined("GET", "GET"));
+      options.get = true;
+      index += 1;
+      continue;
+    }
+    break;  // not an option: DMA.SET's regions start here
+  }
+  out.consumed = index;
+  return out;
+}
+
+bool condition_holds(Condition condition, bool key_exists) noexcept {
+  switch (condition) {
+    case Condition::kAlways:
+      return true;
+    case Condition::kIfAbsent:
+      return !key_exists;
+    case Condition::kIfPresent:
+      return key_exists;
+  }
+  return false;
+}
+
+Result<std::int64_t> expiry_deadline(const Expiry& expiry, std::int64_t now_ms) {
+  if (expiry.kind == Expiry::Kind::kAbsolute) return expiry.milliseconds;
+  if (expiry.kind != Expiry::Kind::kRelative) {
+    return fail(ErrorCode::kInvalidArgument, "this write sets no expiry");
+  }
+  std::int64_t deadline = 0;
+  if (__builtin_add_overflow(now_ms, expiry.milliseconds, &deadline)) {
+    return fail(ErrorCode::kInvalidArgument,
+                "invalid expire time: " + std::to_string(expiry.milliseconds) +
+                    " ms from now overflows");
+  }
+  return deadline;
+}
+
 Result<SetArguments> parse_set_arguments(std::span<const std::string_view> fields,
                                          std::size_t max_value_size) {
   if (fields.empty()) return fail(ErrorCode::kInvalidArgument, "missing length");
@@ -81,13 +204,9 @@ Result<SetArguments> parse_set_arguments(std::span<const std::string_view> field
   }
   out.length = *length;
   fields = fields.subspan(1);
-  if (!fields.empty() && equals_ignoring_case(fields[0], "CRC")) {
-    if (fields.size() < 2) return fail(ErrorCode::kInvalidArgument, "CRC needs a value");
-    auto crc = parse_crc(fields[1]);
-    if (!crc) return fail(std::move(crc).error());
-    out.crc = *crc;
-    fields = fields.subspan(2);
-  }
+  DMA_TRY_ASSIGN(const ParsedOptions options, parse_write_options(fields, /*allow_get=*/false));
+  out.options = options.options;
+  fields = fields.subspan(options.consumed);
   auto regions = parse_regions(fields);
   if (!regions) return fail(std::move(regions).error());
   if (regions->capacity < out.length) {
@@ -97,6 +216,65 @@ Result<SetArguments> parse_set_arguments(std::span<const std::string_view> field
   }
   out.regions = std::move(*regions);
   return out;
+}
+
+Result<WriteOptions> parse_setplain_options(std::span<const std::string_view> fields) {
+  DMA_TRY_ASSIGN(const ParsedOptions options, parse_write_options(fields, /*allow_get=*/true));
+  if (options.consumed != fields.size()) {
+    return fail(ErrorCode::kInvalidArgument,
+                "unknown option " + quote_for_log(fields[options.consumed], kMaxQuotedBytes) +
+                    " after the value (expected CRC, EX, PX, EXAT, PXAT, KEEPTTL, NX, XX or GET)");
+  }
+  return options.options;
+}
+
+bool provider_pins_memory(std::string_view provider) noexcept {
+  // "verbs;ofi_rxm", "verbs", "efa", "efa-direct": the first (core) provider decides.
+  const std::string_view core = provider.substr(0, provider.find(';'));
+  return core == "verbs" || core.starts_with("efa");
+}
+
+ForkSafety fork_safety(bool pins, std::optional<int> ibv_status) noexcept {
+  if (!pins) return ForkSafety::kNotPinned;
+  // enum ibv_fork_status { IBV_FORK_DISABLED, IBV_FORK_ENABLED, IBV_FORK_UNNEEDED }
+  if (ibv_status == 2) return ForkSafety::kKernelCopies;
+  if (ibv_status == 1) return ForkSafety::kDontFork;
+  return ForkSafety::kUnsafe;
+}
+
+std::string_view fork_safety_name(ForkSafety safety) noexcept {
+  switch (safety) {
+    case ForkSafety::kNotPinned:
+      return "not-pinned";
+    case ForkSafety::kKernelCopies:
+      return "kernel-copies";
+    case ForkSafety::kDontFork:
+      return "dontfork";
+    case ForkSafety::kUnsafe:
+      return "unsafe";
+  }
+  return "unsafe";
+}
+
+std::string fork_safety_advice(ForkSafety safety) {
+  switch (safety) {
+    case ForkSafety::kNotPinned:
+      return "fork (BGSAVE, AOF rewrite, full resync) is ordinary copy-on-write: this provider "
+             "pins no memory";
+    case ForkSafety::kKernelCopies:
+      return "fork is safe: the kernel copies the pinned arena into each child at fork (a fork "
+             "costs a copy of the arena's pinned pages, up to arena-bytes)";
+    case ForkSafety::kDontFork:
+      return "libibverbs' fork support marks the arena MADV_DONTFORK: a BGSAVE, AOF rewrite or "
+             "full resync child cannot read any value and dies; unset RDMAV_FORK_SAFE, "
+             "IBV_FORK_SAFE and FI_EFA_FORK_SAFE and use Linux 5.13+ with rdma-core 35+";
+    case ForkSafety::kUnsafe:
+      return "fork is unsafe: the arena is pinned and the kernel does not copy pinned pages at "
+             "fork, so a value stored while a BGSAVE or AOF rewrite child runs can be lost (and "
+             "libfabric's efa provider aborts the server at fork); use Linux 5.13+ with "
+             "rdma-core 35+, or run without BGSAVE, AOF rewrite and replicas";
+  }
+  return {};
 }
 
 Result<Nonce> make_nonce() {

@@ -45,14 +45,104 @@ Result<std::uint32_t> parse_crc(std::string_view field);
 // ASCII case-insensitive equality, for keywords such as CRC.
 bool equals_ignoring_case(std::string_view left, std::string_view right);
 
-// DMA.SET's arguments after the key: <length> [CRC <crc32c>] <rkey> <addr> <len> ...
+// ---- a write's options (DMA.SET, DMA.SETPLAIN) -----------------------------------------------
+//
+// SET's rules, so that a DMA write is a Redis write: a write clears the key's TTL unless it says
+// KEEPTTL; EX/PX give a TTL from when the value is stored, EXAT/PXAT an absolute Unix time; NX
+// writes only a key that does not exist, XX only one that does; GET (DMA.SETPLAIN only) answers
+// the old value. Keywords are ASCII case-insensitive, each may appear once, and EX, PX, EXAT,
+// PXAT and KEEPTTL exclude each other, as NX and XX do.
+
+// What a write does to the key's TTL.
+struct Expiry {
+  enum class Kind : std::uint8_t {
+    kClear,     // no option: the key ends without a TTL (SET's default)
+    kKeep,      // KEEPTTL: the key keeps the TTL it had
+    kRelative,  // EX, PX: `milliseconds` from when the value is stored
+    kAbsolute,  // EXAT, PXAT: at `milliseconds` since the Unix epoch
+  };
+  Kind kind = Kind::kClear;
+  std::int64_t milliseconds = 0;  // >= 1 for kRelative and kAbsolute
+  friend bool operator==(const Expiry&, const Expiry&) = default;
+};
+
+// When the write happens at all.
+enum class Condition : std::uint8_t {
+  kAlways,
+  kIfAbsent,   // NX
+  kIfPresent,  // XX
+};
+
+struct WriteOptions {
+  std::optional<std::uint32_t> crc;  // CRC <crc32c>: the bytes must have this CRC32C
+  Expiry expiry;
+  Condition condition = Condition::kAlways;
+  bool get = false;  // GET: reply with the old value (DMA.SETPLAIN only)
+  friend bool operator==(const WriteOptions&, const WriteOptions&) = default;
+};
+
+// The options at the front of `fields`: parsing stops at the first field that is not an option
+// keyword (DMA.SET's regions follow its options). `allow_get`: GET is an option here (else it
+// is refused naming why). `consumed` is how many fields the options took.
+struct ParsedOptions {
+  WriteOptions options;
+  std::size_t consumed = 0;
+};
+Result<ParsedOptions> parse_write_options(std::span<const std::string_view> fields,
+                                          bool allow_get);
+
+// Whether the write should go ahead, given whether the key exists now. NX and XX are decided
+// when a DMA.SET starts its read and again when the value is swapped in (the key may have been
+// created or deleted meanwhile); the value is stored only if both hold.
+bool condition_holds(Condition condition, bool key_exists) noexcept;
+
+// The absolute expiry (milliseconds since the Unix epoch) of a kRelative or kAbsolute expiry
+// stored at `now_ms`; kInvalidArgument for kClear/kKeep, or if it overflows (Redis refuses
+// those as "invalid expire time" too).
+Result<std::int64_t> expiry_deadline(const Expiry& expiry, std::int64_t now_ms);
+
+// DMA.SET's arguments after the key:
+//   <length> [CRC <crc32c>] [EX s | PX ms | EXAT unix-s | PXAT unix-ms | KEEPTTL] [NX | XX]
+//   <rkey> <addr> <len> [<rkey> <addr> <len> ...]
+// The options come in any order between the length and the regions; GET is refused (the old
+// value would need regions of its own: use DMA.GET first, or DMA.SETPLAIN ... GET).
 struct SetArguments {
   std::uint64_t length = 0;
-  std::optional<std::uint32_t> crc;
+  WriteOptions options;
   ParsedRegions regions;
 };
 Result<SetArguments> parse_set_arguments(std::span<const std::string_view> fields,
                                          std::size_t max_value_size);
+
+// DMA.SETPLAIN's options after the key and the value, in any order:
+//   [CRC <crc32c>] [EX s | PX ms | EXAT unix-s | PXAT unix-ms | KEEPTTL] [NX | XX] [GET]
+// Nothing else may follow.
+Result<WriteOptions> parse_setplain_options(std::span<const std::string_view> fields);
+
+// ---- fork safety of the arena's registration ------------------------------------------------
+//
+// A BGSAVE, an AOF rewrite or a full resync forks the server, and the child reads every value
+// from the arena. On providers that pin registered memory (verbs, efa) that is safe only when
+// the kernel copies DMA-pinned pages into the child at fork (Linux 5.13+ with rdma-core 35+:
+// ibv_is_fork_initialized() answers IBV_FORK_UNNEEDED). libibverbs' own fork support
+// (ibv_fork_init, RDMAV_FORK_SAFE/IBV_FORK_SAFE, FI_EFA_FORK_SAFE) marks registrations
+// MADV_DONTFORK instead, so the child has no arena and dies on its first value; with neither, a
+// parent's write to a pinned page after fork breaks copy-on-write away from the page the NIC
+// uses (and libfabric's efa provider aborts the process at fork). docs/RELIABILITY.md, "Fork".
+enum class ForkSafety : std::uint8_t {
+  kNotPinned,      // tcp, net, shm: nothing pinned, fork is ordinary copy-on-write
+  kKernelCopies,   // pinned, and the kernel copies pinned pages at fork: safe
+  kDontFork,       // pinned, registrations MADV_DONTFORK: children cannot read values
+  kUnsafe,         // pinned, no fork support: fork may corrupt values or abort
+};
+// Whether a provider (EndpointDescription::provider, e.g. "verbs;ofi_rxm", "efa") pins memory.
+bool provider_pins_memory(std::string_view provider) noexcept;
+// `ibv_status`: ibv_is_fork_initialized()'s answer (0 disabled, 1 enabled, 2 unneeded), or
+// nullopt if libibverbs is not loaded or too old to have it.
+ForkSafety fork_safety(bool pins, std::optional<int> ibv_status) noexcept;
+// The INFO dma value (dma_fork_safety) and a sentence for the load-time log.
+std::string_view fork_safety_name(ForkSafety safety) noexcept;
+std::string fork_safety_advice(ForkSafety safety);
 
 // ---- the HELLO proof ------------------------------------------------------------------------
 //
@@ -126,6 +216,13 @@ struct Counters {
   std::atomic<std::uint64_t> plain_string_copies{0};
   std::atomic<std::uint64_t> plain_gets{0};
   std::atomic<std::uint64_t> plain_sets{0};
+  // Writes replicated (to replicas and the AOF, as DMA.SETPLAIN), and writes NX/XX skipped (at
+  // the command or, for a DMA.SET, when its read completed).
+  std::atomic<std::uint64_t> writes_replicated{0};
+  std::atomic<std::uint64_t> conditions_failed{0};
+  // DMA.SETs whose read completed but which could not write any more (the server became a
+  // replica, or the key's slot moved away meanwhile): answered READONLY/TRYAGAIN, key untouched.
+  std::atomic<std::uint64_t> writes_refused_late{0};
   // Command-to-completion latency of finished transfers, in microseconds.
   std::atomic<std::uint64_t> latency_total_us{0};
   std::atomic<std::uint64_t> latency_count{0};

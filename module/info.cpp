@@ -87,6 +87,11 @@ void on_info(RedisModuleInfoCtx* ctx, int /*for_crash_report*/) {
   RedisModule_InfoAddFieldULongLong(ctx, "arena_bytes_mapped", arena.mapped);
   RedisModule_InfoAddFieldULongLong(ctx, "arena_blocks", arena.blocks);
   RedisModule_InfoAddFieldULongLong(ctx, "arena_refused", arena.refused);
+  // What the arena adds to the server's used_memory (store/ballast.hpp).
+  RedisModule_InfoAddFieldULongLong(ctx, "used_memory_charged", state->ballast->held());
+  RedisModule_InfoAddFieldULongLong(ctx, "used_memory_charge_refused", state->ballast->refused());
+  const std::string fork_safety(fork_safety_name(state->fork_safety));
+  RedisModule_InfoAddFieldCString(ctx, "fork_safety", fork_safety.c_str());
   // Registrations made since the arena was registered at load, against transfers submitted:
   // 0 unless some operand missed the arena (each would cost an fi_mr_reg on verbs and efa).
   const std::uint64_t registrations = registrations_made() - state->registrations_at_load;
@@ -104,6 +109,12 @@ void on_info(RedisModuleInfoCtx* ctx, int /*for_crash_report*/) {
                                     counters.plain_gets.load(std::memory_order_relaxed));
   RedisModule_InfoAddFieldULongLong(ctx, "plain_sets",
                                     counters.plain_sets.load(std::memory_order_relaxed));
+  RedisModule_InfoAddFieldULongLong(ctx, "writes_replicated",
+                                    counters.writes_replicated.load(std::memory_order_relaxed));
+  RedisModule_InfoAddFieldULongLong(ctx, "conditions_failed",
+                                    counters.conditions_failed.load(std::memory_order_relaxed));
+  RedisModule_InfoAddFieldULongLong(ctx, "writes_refused_late",
+                                    counters.writes_refused_late.load(std::memory_order_relaxed));
 }
 
 }  // namespace dma::module

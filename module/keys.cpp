@@ -23,12 +23,16 @@ HeldValue held_by(RedisModuleKey* key) {
   return held;
 }
 
-Status store_value(RedisModuleCtx* ctx, RedisModuleString* name, const store::Block& block) {
-  OpenedKey key = open_key(ctx, name, REDISMODULE_WRITE);
+bool key_exists(RedisModuleCtx* ctx, RedisModuleString* name) {
+  OpenedKey key = open_key(ctx, name, REDISMODULE_READ);
+  return key && RedisModule_KeyType(key.get()) != REDISMODULE_KEYTYPE_EMPTY;
+}
+
+Status set_stored_value(RedisModuleKey* key, const store::Block& block) {
   store::Block for_key = block;
   void* opaque = for_key.release_to_opaque();
-  if (!key || RedisModule_ModuleTypeSetValue(key.get(), state->value_type, opaque) !=
-                  REDISMODULE_OK) {
+  if (key == nullptr ||
+      RedisModule_ModuleTypeSetValue(key, state->value_type, opaque) != REDISMODULE_OK) {
     (void)store::Block::adopt(opaque);
     return fail(ErrorCode::kInvalidArgument, "could not store the value");
   }

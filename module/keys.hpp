@@ -48,8 +48,12 @@ struct HeldValue {
 };
 HeldValue held_by(RedisModuleKey* key);
 
-// Makes `block` the value of `name` (a new reference for the key; whatever it held goes, its
-// expiry with it, as with SET).
-Status store_value(RedisModuleCtx* ctx, RedisModuleString* name, const store::Block& block);
+// Whether `name` holds anything now (an expired key is gone: opening it expires it).
+bool key_exists(RedisModuleCtx* ctx, RedisModuleString* name);
+
+// Makes `block` the value of `key`, opened for writing (a new reference for the key; whatever
+// it held goes, its expiry with it). write.hpp's write_value is the write a command makes; this
+// is only its last step.
+Status set_stored_value(RedisModuleKey* key, const store::Block& block);
 
 }  // namespace dma::module

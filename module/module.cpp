@@ -11,6 +11,11 @@
 // fresh block that replaces the key's value only after the read completed and its CRC32C
 // matched. Each value records its length and CRC32C; RDB save/load and AOF rewrite keep both.
 //
+// Writes (write.hpp): a DMA.SET or DMA.SETPLAIN is a Redis write: SET's TTL and NX/XX rules,
+// WATCH, keyspace events, and replication to replicas and the AOF as DMA.SETPLAIN carrying the
+// bytes and their CRC. The arena's blocks count in used_memory (store/ballast.hpp), so
+// maxmemory, eviction and deny-oom see them.
+//
 // Threads: every command, reply callback and server event runs on the server's main thread,
 // which owns the session set. The fabric workers (and CRC pool threads) only run the batch
 // completer, which records the outcome in the transfer's context and hands it back with
@@ -34,6 +39,7 @@
 #include <signal.h>
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -108,6 +114,27 @@ void warn_if_sigterm_taken(RedisModuleCtx* ctx) {
                   owner.c_str());
 }
 
+// What a fork means for the arena's registration (core.hpp, ForkSafety), logged at load. On a
+// provider that pins, libibverbs (loaded by libfabric for verbs and efa) says whether the kernel
+// copies pinned pages into a child; it is looked up by name since the module does not link it.
+ForkSafety check_fork_safety(RedisModuleCtx* ctx, ServiceSet& services) {
+  bool pins = false;
+  for (std::size_t index = 0; index < services.size(); ++index) {
+    pins = pins || provider_pins_memory(services.at(index).describe().provider);
+  }
+  std::optional<int> ibv_status;
+  if (pins) {
+    if (void* found = ::dlsym(RTLD_DEFAULT, "ibv_is_fork_initialized")) {
+      ibv_status = reinterpret_cast<int (*)()>(found)();
+    }
+  }
+  const ForkSafety safety = fork_safety(pins, ibv_status);
+  const bool fine = safety == ForkSafety::kNotPinned || safety == ForkSafety::kKernelCopies;
+  RedisModule_Log(ctx, fine ? "notice" : "warning", "dma: %s",
+                  fork_safety_advice(safety).c_str());
+  return safety;
+}
+
 struct CommandSpec {
   const char* name;
   RedisModuleCmdFunc function;
@@ -121,9 +148,14 @@ struct CommandSpec {
 //   DMA.PROVE <rkey> <addr> <len>       OK after reading the nonce (len = 32) back from the
 //                                       advertised address; else an error, session closed
 //   DMA.GET <key> <rkey> <addr> <len>.. [length, crc32c] | nil; proven sessions only
-//   DMA.SET <key> <length> [CRC <c>] <rkey> <addr> <len>..  [length, crc32c]; proven only
+//   DMA.SET <key> <length> [CRC <c>] [EX|PX|EXAT|PXAT <n> | KEEPTTL] [NX|XX]
+//           <rkey> <addr> <len>..   [length, crc32c] | nil (NX/XX); proven only
 //   DMA.GETPLAIN <key>                  the value's bytes | nil; no session needed
-//   DMA.SETPLAIN <key> <value> [CRC <c>]  [length, crc32c]; no session needed
+//   DMA.SETPLAIN <key> <value> [CRC <c>] [EX|PX|EXAT|PXAT <n> | KEEPTTL] [NX|XX] [GET]
+//                                       [length, crc32c] | nil | the old value (GET); no session
+// Every key is declared (first key 1), so cluster routing answers -MOVED/-ASK for it. DMA.GET
+// and DMA.GETPLAIN are readonly, so replicas serve them; the writes are replicated as
+// DMA.SETPLAIN (write.hpp).
 //   DMA.INFO                            counters and one entry per endpoint
 constexpr CommandSpec kCommands[] = {
     {"dma.hello", hello_command, "deny-script", 0, 0, 0},
@@ -169,7 +201,12 @@ extern "C" __attribute__((visibility("default"))) int RedisModule_OnLoad(RedisMo
     return REDISMODULE_ERR;
   }
   fresh->services = std::move(*services);
-  auto arena = dma::store::Arena::create(fresh->options.arena_bytes);
+  // RedisModule_TryAlloc/Free are zmalloc, thread-safe, and what used_memory counts.
+  fresh->ballast = std::make_unique<dma::store::Ballast>(
+      dma::store::Ballast::Allocator{RedisModule_TryAlloc, RedisModule_Free});
+  dma::store::Ballast* ballast = fresh->ballast.get();
+  auto arena = dma::store::Arena::create(fresh->options.arena_bytes,
+                                         [ballast](std::size_t in_use) { ballast->follow(in_use); });
   if (!arena) {
     RedisModule_Log(ctx, "warning", "dma: %s", arena.error().describe().c_str());
     state = nullptr;
@@ -184,6 +221,7 @@ extern "C" __attribute__((visibility("default"))) int RedisModule_OnLoad(RedisMo
     return REDISMODULE_ERR;
   }
   fresh->registrations_at_load = dma::registrations_made();
+  fresh->fork_safety = check_fork_safety(ctx, *fresh->services);
   fresh->value_type = create_value_type(ctx);
   if (fresh->value_type == nullptr) {
     RedisModule_Log(ctx, "warning", "dma: cannot create the dma-value data type");
@@ -199,6 +237,8 @@ extern "C" __attribute__((visibility("default"))) int RedisModule_OnLoad(RedisMo
       return REDISMODULE_ERR;
     }
   }
+  // The module signals WATCH itself, for each key it really changed (write.hpp).
+  RedisModule_SetModuleOptions(ctx, REDISMODULE_OPTION_NO_IMPLICIT_SIGNAL_MODIFIED);
   RedisModule_SubscribeToServerEvent(ctx, RedisModuleEvent{REDISMODULE_EVENT_CLIENT_CHANGE, 1},
                                      on_client_change);
   RedisModule_SubscribeToServerEvent(ctx, RedisModuleEvent{REDISMODULE_EVENT_SHUTDOWN, 1},

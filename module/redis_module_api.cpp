@@ -51,6 +51,17 @@ int (*RedisModule_IsIOError)(RedisModuleIO*) = nullptr;
 void (*RedisModule_EmitAOF)(RedisModuleIO*, const char*, const char*, ...) = nullptr;
 void (*RedisModule_LogIOError)(RedisModuleIO*, const char*, const char*, ...) = nullptr;
 void (*RedisModule_Free)(void*) = nullptr;
+void* (*RedisModule_TryAlloc)(size_t) = nullptr;
+int (*RedisModule_Replicate)(RedisModuleCtx*, const char*, const char*, ...) = nullptr;
+int (*RedisModule_SignalModifiedKey)(RedisModuleCtx*, RedisModuleString*) = nullptr;
+int (*RedisModule_NotifyKeyspaceEvent)(RedisModuleCtx*, int, const char*,
+                                       RedisModuleString*) = nullptr;
+long long (*RedisModule_GetAbsExpire)(RedisModuleKey*) = nullptr;
+int (*RedisModule_SetAbsExpire)(RedisModuleKey*, long long) = nullptr;
+long long (*RedisModule_Milliseconds)(void) = nullptr;
+void (*RedisModule_SetModuleOptions)(RedisModuleCtx*, int) = nullptr;
+RedisModuleCallReply* (*RedisModule_Call)(RedisModuleCtx*, const char*, const char*, ...) = nullptr;
+void (*RedisModule_FreeCallReply)(RedisModuleCallReply*) = nullptr;
 
 #define DMA_GET_API(name) \
   (RedisModule_GetApi("RedisModule_" #name, reinterpret_cast<void*>(&RedisModule_##name)) == \
@@ -76,7 +87,11 @@ int redis_module_init(RedisModuleCtx* ctx, const char* name, int version, int ap
       DMA_GET_API(ModuleTypeGetType) && DMA_GET_API(ModuleTypeGetValue) &&
       DMA_GET_API(SaveUnsigned) && DMA_GET_API(LoadUnsigned) && DMA_GET_API(SaveStringBuffer) &&
       DMA_GET_API(LoadStringBuffer) && DMA_GET_API(IsIOError) && DMA_GET_API(EmitAOF) &&
-      DMA_GET_API(LogIOError) && DMA_GET_API(Free);
+      DMA_GET_API(LogIOError) && DMA_GET_API(Free) && DMA_GET_API(TryAlloc) &&
+      DMA_GET_API(Replicate) && DMA_GET_API(SignalModifiedKey) &&
+      DMA_GET_API(NotifyKeyspaceEvent) && DMA_GET_API(GetAbsExpire) &&
+      DMA_GET_API(SetAbsExpire) && DMA_GET_API(Milliseconds) && DMA_GET_API(SetModuleOptions) &&
+      DMA_GET_API(Call) && DMA_GET_API(FreeCallReply);
   if (!resolved) return REDISMODULE_ERR;
   if (RedisModule_IsModuleNameBusy(name)) return REDISMODULE_ERR;
   RedisModule_SetModuleAttribs(ctx, name, version, api_version);

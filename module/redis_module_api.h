@@ -29,8 +29,25 @@ extern "C" {
 
 #define REDISMODULE_ERRORMSG_WRONGTYPE "WRONGTYPE Operation against a key holding the wrong kind of value"
 
+// RedisModule_GetContextFlags: this server is a replica; cluster mode is on; the command came
+// over the replication link; the server is loading (RDB or AOF).
+#define REDISMODULE_CTX_FLAGS_SLAVE (1 << 3)
+#define REDISMODULE_CTX_FLAGS_CLUSTER (1 << 5)
+#define REDISMODULE_CTX_FLAGS_REPLICATED (1 << 12)
+#define REDISMODULE_CTX_FLAGS_LOADING (1 << 13)
 // The current client may not block: inside MULTI, Lua, or RM_Call from another module.
 #define REDISMODULE_CTX_FLAGS_DENY_BLOCKING (1 << 21)
+
+// RedisModule_GetAbsExpire: the key has no TTL.
+#define REDISMODULE_NO_EXPIRE -1
+
+// Keyspace notification classes (notify-keyspace-events "g" and "$").
+#define REDISMODULE_NOTIFY_GENERIC (1 << 2)
+#define REDISMODULE_NOTIFY_STRING (1 << 3)
+
+// RedisModule_SetModuleOptions: closing a key opened for writing does not signal it as modified
+// (WATCH, client-side caching); the module signals each real change itself.
+#define REDISMODULE_OPTION_NO_IMPLICIT_SIGNAL_MODIFIED (1 << 1)
 
 #define REDISMODULE_EVENT_CLIENT_CHANGE 4
 #define REDISMODULE_EVENT_SHUTDOWN 5
@@ -46,6 +63,7 @@ typedef struct RedisModuleType RedisModuleType;
 typedef struct RedisModuleIO RedisModuleIO;
 typedef struct RedisModuleDigest RedisModuleDigest;
 typedef struct RedisModuleDefragCtx RedisModuleDefragCtx;
+typedef struct RedisModuleCallReply RedisModuleCallReply;
 
 typedef struct RedisModuleEvent {
   uint64_t id;       // REDISMODULE_EVENT_*
@@ -153,6 +171,18 @@ extern int (*RedisModule_IsIOError)(RedisModuleIO*);
 extern void (*RedisModule_EmitAOF)(RedisModuleIO*, const char*, const char*, ...);
 extern void (*RedisModule_LogIOError)(RedisModuleIO*, const char*, const char*, ...);
 extern void (*RedisModule_Free)(void*);
+// Counted in the server's used_memory (maxmemory, eviction); null when refused. Thread-safe.
+extern void* (*RedisModule_TryAlloc)(size_t);
+extern int (*RedisModule_Replicate)(RedisModuleCtx*, const char*, const char*, ...);
+extern int (*RedisModule_SignalModifiedKey)(RedisModuleCtx*, RedisModuleString*);
+extern int (*RedisModule_NotifyKeyspaceEvent)(RedisModuleCtx*, int, const char*,
+                                              RedisModuleString*);
+extern long long (*RedisModule_GetAbsExpire)(RedisModuleKey*);
+extern int (*RedisModule_SetAbsExpire)(RedisModuleKey*, long long);
+extern long long (*RedisModule_Milliseconds)(void);
+extern void (*RedisModule_SetModuleOptions)(RedisModuleCtx*, int);
+extern RedisModuleCallReply* (*RedisModule_Call)(RedisModuleCtx*, const char*, const char*, ...);
+extern void (*RedisModule_FreeCallReply)(RedisModuleCallReply*);
 
 // What RedisModule_Init does in redismodule.h: reads RedisModule_GetApi from the context's first
 // word, resolves every pointer above by name, refuses a busy name, and sets the module's name and

@@ -19,12 +19,16 @@
 #include "dma/service.hpp"
 #include "redis_module_api.h"
 #include "store/arena.hpp"
+#include "store/ballast.hpp"
 
 namespace dma::module {
 
 struct State {
   ModuleOptions options;
   Counters counters;
+  // The arena's blocks counted in the server's used_memory (maxmemory, eviction). Declared
+  // before the arena, which tells it of every block it frees.
+  std::unique_ptr<store::Ballast> ballast;
   // Declared before the services: their endpoints close (and drop the arena's registrations)
   // before the arena unmaps.
   std::unique_ptr<store::Arena> arena;
@@ -34,6 +38,9 @@ struct State {
   // registrations_made() once the arena was registered: what transfers add is counted after.
   std::uint64_t registrations_at_load = 0;
   std::atomic<std::uint64_t> transfers{0};  // submitted DMA.GET/SET/PROVE transfers
+  // What a fork (BGSAVE, AOF rewrite, full resync) means for the arena's registration, found at
+  // load (core.hpp, ForkSafety).
+  ForkSafety fork_safety = ForkSafety::kNotPinned;
 };
 extern State* state;
 

@@ -6,21 +6,21 @@ namespace dma::module {
 
 std::unique_ptr<TransferContext> TransferContext::for_get(store::Block block, bool crc_known) {
   std::unique_ptr<TransferContext> context(
-      new TransferContext(Kind::kGet, {}, std::move(block), std::nullopt));
+      new TransferContext(Kind::kGet, {}, std::move(block), WriteOptions{}));
   context->crc_known_ = crc_known;
   return context;
 }
 
 std::unique_ptr<TransferContext> TransferContext::for_set(std::string key, store::Block landing,
-                                                          std::optional<std::uint32_t> crc) {
+                                                          WriteOptions options) {
   return std::unique_ptr<TransferContext>(
-      new TransferContext(Kind::kSet, std::move(key), std::move(landing), crc));
+      new TransferContext(Kind::kSet, std::move(key), std::move(landing), std::move(options)));
 }
 
 std::unique_ptr<TransferContext> TransferContext::for_proof(std::uint64_t client_id,
                                                             store::Block landing) {
   std::unique_ptr<TransferContext> context(
-      new TransferContext(Kind::kProve, {}, std::move(landing), std::nullopt));
+      new TransferContext(Kind::kProve, {}, std::move(landing), WriteOptions{}));
   context->client_id_ = client_id;
   return context;
 }
@@ -44,7 +44,7 @@ std::optional<CacheableSpan> TransferContext::cacheable_span() {
 
 void TransferContext::on_expired(const Error& error) {
   if (answer_early == nullptr || blocked == nullptr) return;
-  std::unique_ptr<TransferContext> answer(new TransferContext(kind_, key_, {}, expected_crc_));
+  std::unique_ptr<TransferContext> answer(new TransferContext(kind_, key_, {}, options_));
   answer->client_id_ = client_id_;
   answer->started = started;
   answer->outcome = Outcome(fail(error));

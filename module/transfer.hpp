@@ -23,6 +23,7 @@
 #include <string>
 #include <utility>
 
+#include "core.hpp"
 #include "dma/service.hpp"
 #include "store/arena.hpp"
 
@@ -34,9 +35,10 @@ class TransferContext : public Operands {
   // A GET of `block`. `crc_known`: the block's CRC is recorded (a stored value), so the
   // transfer computes none; else (a copy of a plain string) the service computes it.
   static std::unique_ptr<TransferContext> for_get(store::Block block, bool crc_known);
-  // A SET into `key` of `landing`'s length, checked against `crc` when given.
+  // A SET into `key` of `landing`'s length, with the write's options (its CRC, TTL and NX/XX,
+  // applied when the value is swapped in).
   static std::unique_ptr<TransferContext> for_set(std::string key, store::Block landing,
-                                                  std::optional<std::uint32_t> crc);
+                                                  WriteOptions options);
   // The read of `client_id`'s proof into `landing` (kNonceBytes long).
   static std::unique_ptr<TransferContext> for_proof(std::uint64_t client_id,
                                                     store::Block landing);
@@ -47,7 +49,8 @@ class TransferContext : public Operands {
 
   Kind kind() const noexcept { return kind_; }
   const std::string& key() const noexcept { return key_; }
-  std::optional<std::uint32_t> expected_crc() const noexcept { return expected_crc_; }
+  std::optional<std::uint32_t> expected_crc() const noexcept { return options_.crc; }
+  const WriteOptions& options() const noexcept { return options_; }
   bool crc_known() const noexcept { return crc_known_; }
   // The block the bytes are sent from or land in (empty in an early answer).
   store::Block& block() noexcept { return block_; }
@@ -74,14 +77,13 @@ class TransferContext : public Operands {
   void on_expired(const Error& error) override;
 
  private:
-  TransferContext(Kind kind, std::string key, store::Block block,
-                  std::optional<std::uint32_t> crc)
-      : kind_(kind), key_(std::move(key)), expected_crc_(crc), block_(std::move(block)) {}
+  TransferContext(Kind kind, std::string key, store::Block block, WriteOptions options)
+      : kind_(kind), key_(std::move(key)), options_(std::move(options)), block_(std::move(block)) {}
   Kind kind_;
   bool crc_known_ = false;
   std::uint64_t client_id_ = 0;
   std::string key_;
-  std::optional<std::uint32_t> expected_crc_;
+  WriteOptions options_;
   store::Block block_;
 };
 

@@ -1,10 +1,11 @@
 // DMA.GET, DMA.SET and their plain-RESP counterparts DMA.GETPLAIN and DMA.SETPLAIN (for
-// clients without a fabric; the AOF rewrite emits DMA.SETPLAIN).
+// clients without a fabric; replication, the AOF and its rewrite carry writes as DMA.SETPLAIN).
 //
 // A stored value (a `dma-value`, store/arena.hpp) is sent straight from its block, its transfer
 // holding a reference, so DEL, overwrite or expiry meanwhile frees the block only after the
 // write. A DMA.SET reads into a fresh block that replaces the key's value only after the read
-// completed and its CRC32C matched; on any failure the key is untouched.
+// completed, its CRC32C matched, and NX/XX still hold; on any failure the key is untouched. The
+// write itself (TTL, WATCH, keyspace events, replication) is write.hpp's.
 #include <cstring>
 #include <optional>
 #include <string>
@@ -14,6 +15,7 @@
 #include "dma/protocol.hpp"
 #include "keys.hpp"
 #include "state.hpp"
+#include "write.hpp"
 
 namespace dma::module {
 namespace {
@@ -39,11 +41,32 @@ int reply_transfer(RedisModuleCtx* ctx, RedisModuleString** /*argv*/, int /*argc
     }
     block.set_crc(crc);
     const OwnedString name(ctx, context->key());
-    if (Status stored = store_value(ctx, name.get(), block); !stored) {
-      return reply_error(ctx, stored.error());
+    if (auto refusal = refusal_to_write_now(ctx, name.get())) {
+      state->counters.writes_refused_late.fetch_add(1, std::memory_order_relaxed);
+      return RedisModule_ReplyWithError(ctx, refusal->c_str());
     }
+    auto written = write_value(ctx, name.get(), block, context->options());
+    if (!written) return reply_error(ctx, written.error());
+    // NX/XX no longer hold (the key was created or deleted while the read was in flight): the
+    // same nil a DMA.SET refused up front answers, and the bytes read are dropped.
+    if (*written == Written::kSkipped) return RedisModule_ReplyWithNull(ctx);
   }
   return reply_length_and_crc(ctx, length, crc);
+}
+
+// Writes that arrive from the master or the AOF were accepted where they were first made: a
+// replica or a restart applies them whatever its own max-value-size (arena-bytes still bounds
+// them, and a refusal is logged, since nobody reads the reply).
+bool replayed(RedisModuleCtx* ctx) {
+  return (RedisModule_GetContextFlags(ctx) &
+          (REDISMODULE_CTX_FLAGS_REPLICATED | REDISMODULE_CTX_FLAGS_LOADING)) != 0;
+}
+
+// A relative TTL that overflows is refused before anything else happens (as SET does).
+Status check_expiry(const Expiry& expiry) {
+  if (expiry.kind != Expiry::Kind::kRelative) return {};
+  DMA_TRY(expiry_deadline(expiry, RedisModule_Milliseconds()));
+  return {};
 }
 
 }  // namespace
@@ -89,8 +112,10 @@ int get_command(RedisModuleCtx* ctx, RedisModuleString** argv, int argc) {
                           std::move(request), reply_transfer);
 }
 
-// DMA.SET <key> <length> [CRC <crc32c>] <rkey> <addr> <len> [...]
+// DMA.SET <key> <length> [CRC <c>] [EX s|PX ms|EXAT s|PXAT ms|KEEPTTL] [NX|XX]
+//         <rkey> <addr> <len> [...]
 // Reads into a fresh block; the key changes only in reply_transfer, after the read and the CRC.
+// NX/XX are decided here, before any read (nil if they do not hold), and again there.
 int set_command(RedisModuleCtx* ctx, RedisModuleString** argv, int argc) {
   if (argc < 6) return RedisModule_WrongArity(ctx);
   const std::uint64_t client_id = RedisModule_GetClientId(ctx);
@@ -98,13 +123,20 @@ int set_command(RedisModuleCtx* ctx, RedisModuleString** argv, int argc) {
   const auto fields = fields_of(argv, 2, argc);
   auto arguments = parse_set_arguments(fields, state->options.max_value_size);
   if (!arguments) return reply_error(ctx, arguments.error());
+  if (Status valid = check_expiry(arguments->options.expiry); !valid) {
+    return reply_error(ctx, valid.error());
+  }
+  if (!condition_holds(arguments->options.condition, key_exists(ctx, argv[1]))) {
+    state->counters.conditions_failed.fetch_add(1, std::memory_order_relaxed);
+    return RedisModule_ReplyWithNull(ctx);
+  }
   auto landing = state->arena->allocate(arguments->length);
   if (!landing) {
     state->counters.errors.fetch_add(1, std::memory_order_relaxed);
     return reply_error(ctx, landing.error());
   }
   auto context = TransferContext::for_set(std::string(view_of(argv[1])), std::move(*landing),
-                                          arguments->crc);
+                                          arguments->options);
   TransferRequest request;
   request.client_id = client_id;
   request.regions = std::move(arguments->regions.regions);
@@ -136,42 +168,71 @@ int getplain_command(RedisModuleCtx* ctx, RedisModuleString** argv, int argc) {
   return REDISMODULE_OK;
 }
 
-// DMA.SETPLAIN <key> <value> [CRC <crc32c>]  ->  [length, crc32c]: stores a value as DMA.SET
-// does, its bytes carried in the command (clients without a fabric; AOF rewrite emits it).
-// With CRC, bytes that do not match are refused and the key is untouched.
+// DMA.SETPLAIN <key> <value> [CRC <c>] [EX s|PX ms|EXAT s|PXAT ms|KEEPTTL] [NX|XX] [GET]
+//   ->  [length, crc32c], or nil if NX/XX did not hold; with GET, the old value (or nil).
+// Stores a value as DMA.SET does, its bytes carried in the command (clients without a fabric;
+// replication and the AOF carry every write this way). With CRC, bytes that do not match are
+// refused and the key is untouched.
 int setplain_command(RedisModuleCtx* ctx, RedisModuleString** argv, int argc) {
-  if (argc != 3 && argc != 5) return RedisModule_WrongArity(ctx);
+  if (argc < 3) return RedisModule_WrongArity(ctx);
   const std::string_view value = view_of(argv[2]);
-  if (value.size() > state->options.max_value_size) {
-    return reply_error(ctx, ErrorCode::kInvalidArgument,
-                       "length " + std::to_string(value.size()) + " exceeds max-value-size " +
-                           std::to_string(state->options.max_value_size));
-  }
-  std::optional<std::uint32_t> expected;
-  if (argc == 5) {
-    if (!equals_ignoring_case(view_of(argv[3]), "CRC")) {
-      return reply_error(ctx, ErrorCode::kInvalidArgument, "expected CRC <crc32c> after the value");
+  const bool from_elsewhere = replayed(ctx);
+  auto refuse = [&](const Error& error) {
+    state->counters.errors.fetch_add(1, std::memory_order_relaxed);
+    if (from_elsewhere) {
+      RedisModule_Log(ctx, "warning", "dma: a replicated or replayed DMA.SETPLAIN was refused: %s",
+                      error.describe().c_str());
     }
-    auto crc = parse_crc(view_of(argv[4]));
-    if (!crc) return reply_error(ctx, crc.error());
-    expected = *crc;
+    return reply_error(ctx, error);
+  };
+  auto options = parse_setplain_options(fields_of(argv, 3, argc));
+  if (!options) return refuse(options.error());
+  if (Status valid = check_expiry(options->expiry); !valid) return refuse(valid.error());
+  if (value.size() > state->options.max_value_size && !from_elsewhere) {
+    return refuse(Error(ErrorCode::kInvalidArgument,
+                        "length " + std::to_string(value.size()) + " exceeds max-value-size " +
+                            std::to_string(state->options.max_value_size)));
+  }
+  // GET: the old value, kept (a reference on its block, a copy of a string) across the write.
+  HeldValue old;
+  std::string old_text;
+  if (options->get) {
+    old = held_by(open_key(ctx, argv[1], REDISMODULE_READ).get());
+    if (old.kind == HeldValue::Kind::kOtherType) {
+      return RedisModule_ReplyWithError(ctx, REDISMODULE_ERRORMSG_WRONGTYPE);
+    }
+    if (old.kind == HeldValue::Kind::kString) {
+      old_text.assign(reinterpret_cast<const char*>(old.text.data()), old.text.size());
+    }
+  }
+  auto reply_old_value = [&]() {
+    switch (old.kind) {
+      case HeldValue::Kind::kStored:
+        return RedisModule_ReplyWithStringBuffer(
+            ctx, reinterpret_cast<const char*>(old.stored.data()), old.stored.length());
+      case HeldValue::Kind::kString:
+        return RedisModule_ReplyWithStringBuffer(ctx, old_text.data(), old_text.size());
+      default:
+        return RedisModule_ReplyWithNull(ctx);
+    }
+  };
+  if (!condition_holds(options->condition, key_exists(ctx, argv[1]))) {
+    state->counters.conditions_failed.fetch_add(1, std::memory_order_relaxed);
+    return options->get ? reply_old_value() : RedisModule_ReplyWithNull(ctx);
   }
   auto block = state->arena->copy_of(std::as_bytes(std::span(value.data(), value.size())));
-  if (!block) {
-    state->counters.errors.fetch_add(1, std::memory_order_relaxed);
-    return reply_error(ctx, block.error());
+  if (!block) return refuse(block.error());
+  if (options->crc && *options->crc != block->crc()) {
+    return refuse(Error(ErrorCode::kCorrupted,
+                        "CRC32C mismatch: the client said " + std::to_string(*options->crc) +
+                            ", the bytes have " + std::to_string(block->crc()) +
+                            "; the key is unchanged"));
   }
-  if (expected && *expected != block->crc()) {
-    state->counters.errors.fetch_add(1, std::memory_order_relaxed);
-    return reply_error(ctx, ErrorCode::kCorrupted,
-                       "CRC32C mismatch: the client said " + std::to_string(*expected) +
-                           ", the bytes have " + std::to_string(block->crc()) +
-                           "; the key is unchanged");
-  }
-  if (Status stored = store_value(ctx, argv[1], *block); !stored) {
-    return reply_error(ctx, stored.error());
-  }
+  auto written = write_value(ctx, argv[1], *block, *options);
+  if (!written) return refuse(written.error());
   state->counters.plain_sets.fetch_add(1, std::memory_order_relaxed);
+  if (options->get) return reply_old_value();
+  if (*written == Written::kSkipped) return RedisModule_ReplyWithNull(ctx);
   return reply_length_and_crc(ctx, block->length(), block->crc());
 }
 

@@ -9,12 +9,15 @@
 
 #include <gtest/gtest.h>
 #include <hiredis/hiredis.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <cstring>
+#include <filesystem>
 #include <memory>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <vector>
 
 #include "dma/client.hpp"
@@ -87,12 +90,48 @@ class Connection {
     if (!connection_) return -1;
     return connection_->info_field("dma", "dma_" + name).value_or(-1);
   }
+  // Any field of `INFO <section>` ("replication", "master_link_status"), "" if it is missing.
+  std::string info_text(const std::string& section, const std::string& name) {
+    if (!connection_) return {};
+    return connection_->info_text(section, name).value_or("");
+  }
+  long long info_number(const std::string& section, const std::string& name) {
+    if (!connection_) return -1;
+    return connection_->info_field(section, name).value_or(-1);
+  }
 
  private:
   std::unique_ptr<support::RedisConnection> connection_;
 };
 
 inline std::string error_of(const Reply& reply) { return support::error_text(reply); }
+
+// Polls `condition` until it holds or `within` passes (the server changes state asynchronously:
+// an expiry, a replica's link, a background save); returns whether it held. Polling, since a
+// server cannot notify the test.
+template <typename Condition>
+bool eventually(Condition condition, std::chrono::milliseconds within = 30s) {
+  const auto deadline = std::chrono::steady_clock::now() + within;
+  while (!condition()) {
+    if (std::chrono::steady_clock::now() > deadline) return false;
+    std::this_thread::sleep_for(5ms);
+  }
+  return true;
+}
+
+// DMA.SET's, DMA.SETPLAIN's and DMA.GET's [length, crc32c] as text, or the error (or other
+// reply) it was instead, so a mismatch prints what came back.
+inline std::vector<std::string> length_and_crc(const Reply& reply) {
+  if (!reply || reply->type != REDIS_REPLY_ARRAY || reply->elements != 2) return {error_of(reply)};
+  return {std::to_string(reply->element[0]->integer), std::to_string(reply->element[1]->integer)};
+}
+
+inline long long integer_of(const Reply& reply) {
+  return reply && reply->type == REDIS_REPLY_INTEGER ? reply->integer : -1000;
+}
+inline bool is_nil(const Reply& reply) { return reply && reply->type == REDIS_REPLY_NIL; }
+// A string reply's bytes ("" for any other reply).
+inline std::string text_of(const Reply& reply) { return std::string(support::reply_text(reply)); }
 
 inline bool contains(const std::string& text, const std::string& part) {
   return text.find(part) != std::string::npos;
@@ -142,6 +181,15 @@ inline std::vector<std::string> with_region(std::vector<std::string> command,
   return command;
 }
 
+// DMA.SET <key> <length> <options...> <region>, as a raw command.
+inline std::vector<std::string> dma_set(const std::string& key, std::size_t length,
+                                        const std::vector<std::string>& options,
+                                        const RemoteRegion& region) {
+  std::vector<std::string> command = {"DMA.SET", key, std::to_string(length)};
+  command.insert(command.end(), options.begin(), options.end());
+  return with_region(command, region);
+}
+
 // Says DMA.HELLO on `connection` with `target`'s address and proves it honestly (the nonce in
 // memory exposed on `target`). Fails with the server's error text.
 inline Status hello_and_prove(Connection& connection, Target& target) {
@@ -160,8 +208,58 @@ inline Status hello_and_prove(Connection& connection, Target& target) {
   return {};
 }
 
+// A directory of the test's own under the test temp dir (RDB, AOF, cluster node files), made
+// empty at construction and removed with everything in it at destruction.
+class ScratchDirectory {
+ public:
+  explicit ScratchDirectory(const std::string& name)
+      : path_(::testing::TempDir() + "dma-" + name + "-" + std::to_string(::getpid())) {
+    std::error_code ignored;
+    std::filesystem::remove_all(path_, ignored);
+    std::filesystem::create_directories(path_);
+  }
+  ~ScratchDirectory() {
+    std::error_code ignored;
+    std::filesystem::remove_all(path_, ignored);
+  }
+  ScratchDirectory(const ScratchDirectory&) = delete;
+  ScratchDirectory& operator=(const ScratchDirectory&) = delete;
+  // The directory, or `name` inside it (created).
+  std::string path(const std::string& name = {}) const {
+    if (name.empty()) return path_;
+    const std::string inside = path_ + "/" + name;
+    std::filesystem::create_directories(inside);
+    return inside;
+  }
+
+ private:
+  std::string path_;
+};
+
 inline std::string as_string(const std::vector<std::byte>& bytes) {
   return std::string(reinterpret_cast<const char*>(bytes.data()), bytes.size());
+}
+
+// A raw session whose target polls the provider only every `poll_interval` while idle: on tcp
+// the server's reads of it then progress only at those polls, so a 16 MiB DMA.SET stays in
+// flight across several of them, long enough for other connections' commands (a conflicting
+// write, a BGSAVE) to run meanwhile. Whether they did is checked afterwards, never assumed.
+struct SlowSession {
+  std::unique_ptr<Target> target;
+  std::unique_ptr<Connection> connection;
+};
+inline SlowSession slow_session(int port,
+                                std::chrono::microseconds poll_interval = std::chrono::milliseconds(100)) {
+  SlowSession slow;
+  auto target = Target::open(loopback("tcp"), {}, Target::Options{poll_interval});
+  EXPECT_TRUE(target) << target.error().describe();
+  if (!target) return slow;
+  slow.target = std::move(*target);
+  slow.connection = std::make_unique<Connection>(port);
+  Status proven = hello_and_prove(*slow.connection, *slow.target);
+  EXPECT_TRUE(proven) << proven.error().describe();
+  if (!proven) slow.connection.reset();
+  return slow;
 }
 
 // One server with the module on tcp for a whole suite: starting one per test costs an endpoint

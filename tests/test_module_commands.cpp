@@ -266,9 +266,11 @@ TEST_F(Module, overwriting_or_deleting_during_dma_get_still_delivers_the_old_byt
   ASSERT_TRUE(exposed);
   std::vector<std::string> command = {"DMA.GET", "changing"};
   for (auto& field : region_fields(exposed->whole())) command.push_back(field);
+  const long long transfers = info_field(other, "transfers");
   connection->send(command);
-  // The DMA.GET is ahead of these on the server (it was written first and the server is
-  // single-threaded), so they run while its write is in flight or after it.
+  // Once the server has taken the DMA.GET (its transfer submitted: commands on two connections
+  // may be read in either order), these run while its write is in flight or after it.
+  ASSERT_TRUE(eventually([&] { return info_field(other, "transfers") > transfers; }));
   ASSERT_TRUE(other.command({"SET", "changing", as_string(pattern(size, 22))}));
   ASSERT_TRUE(other.command({"DEL", "changing"}));
   Reply got = connection->receive();

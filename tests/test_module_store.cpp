@@ -16,23 +16,6 @@
 namespace dma::testing {
 namespace {
 
-// Polls `condition` until it holds or 30 s pass (the server changes state asynchronously, e.g.
-// an expiry); returns whether it held.
-template <typename Condition>
-bool eventually(Condition condition) {
-  const auto deadline = std::chrono::steady_clock::now() + 30s;
-  while (!condition()) {
-    if (std::chrono::steady_clock::now() > deadline) return false;
-    std::this_thread::sleep_for(5ms);
-  }
-  return true;
-}
-
-std::vector<std::string> length_and_crc(const Reply& reply) {
-  if (!reply || reply->type != REDIS_REPLY_ARRAY || reply->elements != 2) return {error_of(reply)};
-  return {std::to_string(reply->element[0]->integer), std::to_string(reply->element[1]->integer)};
-}
-
 TEST_F(Module, plain_resp_and_dma_commands_read_each_others_values_at_every_size) {
   // If this fails, a value stored over the fabric cannot be read by a client without one (or
   // the other way round), or DMA.GET answers a CRC other than the one recorded at SET.
@@ -101,8 +84,11 @@ TEST_F(Module, del_overwrite_and_expire_during_a_16_mib_dma_get_deliver_the_old_
     const long long holding = info_field(other, "arena_bytes_in_use");
     EXPECT_GT(holding, before + static_cast<long long>(size) - 1);
     std::fill(memory.begin(), memory.end(), std::byte{0});
+    const long long transfers = info_field(other, "transfers");
     connection->send(with_region({"DMA.GET", "racing"}, exposed->whole()));
-    // Behind the DMA.GET on the single-threaded server: runs while its write is on the wire.
+    // Once the server has taken the DMA.GET (its transfer submitted: the two connections' commands
+    // may otherwise be read in either order), the change runs while its write is on the wire.
+    ASSERT_TRUE(eventually([&] { return info_field(other, "transfers") > transfers; }));
     Reply changed = other.command(change.change);
     ASSERT_TRUE(changed && changed->type != REDIS_REPLY_ERROR) << error_of(changed);
     Reply got = connection->receive();

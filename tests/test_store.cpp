@@ -1,8 +1,12 @@
 // The value store's arena (module/store/arena.hpp) without a server: blocks come from the one
 // reservation, their references keep them alive, the counters say what is in use, a full arena
-// refuses with an error naming arena-bytes, and freed memory is reused rather than grown.
+// refuses with an error naming arena-bytes, and freed memory is reused rather than grown. And
+// its mirror in the server's used_memory (module/store/ballast.hpp), with malloc standing in for
+// the server's allocator.
 #include <gtest/gtest.h>
 
+#include <atomic>
+#include <cstdlib>
 #include <cstring>
 #include <thread>
 #include <vector>
@@ -10,6 +14,7 @@
 #include "dma/protocol.hpp"
 #include "fixtures.hpp"
 #include "store/arena.hpp"
+#include "store/ballast.hpp"
 
 namespace dma::testing {
 namespace {
@@ -130,6 +135,86 @@ TEST(Arena, blocks_freed_on_other_threads_are_counted_exactly) {
   for (auto& thread : threads) thread.join();
   EXPECT_EQ(before, arena->stats().in_use);
   EXPECT_EQ(0u, arena->stats().blocks);
+}
+
+// An allocator that counts what it holds, standing in for RedisModule_TryAlloc/Free.
+struct Counted {
+  static inline std::atomic<std::size_t> live{0};
+  static inline std::atomic<bool> refuse{false};
+  static void* allocate(std::size_t bytes) {
+    if (refuse.load()) return nullptr;
+    live += bytes;
+    auto* memory = static_cast<std::size_t*>(std::malloc(bytes + sizeof(std::size_t)));
+    *memory = bytes;
+    return memory + 1;
+  }
+  static void release(void* memory) {
+    auto* start = static_cast<std::size_t*>(memory) - 1;
+    live -= *start;
+    std::free(start);
+  }
+};
+
+TEST(Ballast, holds_what_the_arena_uses_within_two_chunks_and_nothing_once_it_is_empty) {
+  // If this fails, the server's used_memory misses the value store (maxmemory never evicts a
+  // DMA value, deny-oom never refuses) or over-counts it by more than the documented slack, or
+  // keeps counting after every value is gone.
+  Counted::live = 0;
+  {
+    store::Ballast ballast({Counted::allocate, Counted::release}, 4096);
+    for (std::size_t bytes : {std::size_t{1}, std::size_t{4096}, std::size_t{4097},
+                              std::size_t{1} << 20, std::size_t{100000}, std::size_t{5000},
+                              std::size_t{12000}, std::size_t{3}}) {
+      SCOPED_TRACE(bytes);
+      ballast.follow(bytes);
+      EXPECT_GE(ballast.held(), bytes);
+      EXPECT_LT(ballast.held(), bytes + 2 * 4096);
+      EXPECT_EQ(ballast.held(), Counted::live.load()) << "held is what the allocator handed out";
+    }
+    // A value stored and deleted at a chunk boundary allocates nothing each time.
+    ballast.follow(8192);
+    const std::size_t steady = ballast.held();
+    for (int round = 0; round < 10; ++round) {
+      ballast.follow(8193);
+      ballast.follow(8192);
+    }
+    EXPECT_LE(ballast.held(), steady + 4096);
+    ballast.follow(0);
+    EXPECT_EQ(0u, ballast.held());
+    EXPECT_EQ(0u, Counted::live.load());
+    Counted::refuse = true;
+    ballast.follow(10000);
+    Counted::refuse = false;
+    EXPECT_EQ(0u, ballast.held());
+    EXPECT_EQ(1u, ballast.refused()) << "a refused chunk is counted, not retried in a loop";
+    ballast.follow(10000);
+  }
+  EXPECT_EQ(0u, Counted::live.load()) << "the destructor gives every chunk back";
+}
+
+TEST(Ballast, follows_an_arena_whose_blocks_are_freed_on_other_threads) {
+  // If this fails, the arena's usage listener misses a block freed off the main thread (a
+  // transfer held the last reference), so used_memory stays high after the value is gone.
+  Counted::live = 0;
+  store::Ballast ballast({Counted::allocate, Counted::release}, 65536);
+  auto created = store::Arena::create(std::size_t{64} << 20,
+                                      [&ballast](std::size_t in_use) { ballast.follow(in_use); });
+  ASSERT_TRUE(created) << created.error().describe();
+  auto& arena = *created;
+  std::vector<store::Block> blocks;
+  for (int index = 0; index < 64; ++index) blocks.push_back(*arena->allocate(100000 + index));
+  EXPECT_GE(ballast.held(), arena->stats().in_use);
+  EXPECT_LT(ballast.held(), arena->stats().in_use + 2 * 65536);
+  std::vector<std::thread> threads;
+  for (int part = 0; part < 4; ++part) {
+    threads.emplace_back([&blocks, part] {
+      for (std::size_t index = part; index < blocks.size(); index += 4) blocks[index] = store::Block();
+    });
+  }
+  for (auto& thread : threads) thread.join();
+  EXPECT_EQ(0u, arena->stats().in_use);
+  EXPECT_EQ(0u, ballast.held());
+  EXPECT_EQ(0u, Counted::live.load());
 }
 
 }  // namespace

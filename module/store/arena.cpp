@@ -90,7 +90,7 @@ std::string arena_control(unsigned index, const char* name) {
 
 Arena::Arena(std::byte* base, std::size_t capacity) : base_(base), capacity_(capacity) {}
 
-Result<std::unique_ptr<Arena>> Arena::create(std::size_t capacity) {
+Result<std::unique_ptr<Arena>> Arena::create(std::size_t capacity, UsageListener listener) {
   const auto page = static_cast<std::size_t>(::sysconf(_SC_PAGESIZE));
   capacity = (capacity + page - 1) / page * page;
   void* mapped = ::mmap(nullptr, capacity, PROT_READ | PROT_WRITE,
@@ -102,6 +102,7 @@ Result<std::unique_ptr<Arena>> Arena::create(std::size_t capacity) {
   }
   std::unique_ptr<Arena> arena(new Arena(static_cast<std::byte*>(mapped), capacity));
   arena->hooks_ = std::make_unique<Hooks>(arena->base_, capacity);
+  arena->listener_ = std::move(listener);
   extent_hooks_t* table = &arena->hooks_->table;
   unsigned index = 0;
   std::size_t index_size = sizeof(index);
@@ -179,6 +180,7 @@ Result<Block> Arena::allocate(std::size_t length) noexcept {
   const std::size_t footprint = ::sallocx(memory, flags_);
   in_use_ += footprint;
   ++blocks_;
+  if (listener_) listener_(in_use_);
   lock.unlock();
   auto* header = new (memory) detail::BlockHeader;
   header->length = length;
@@ -201,6 +203,7 @@ void Arena::free(detail::BlockHeader* header) noexcept {
   ::dallocx(header, flags_);
   in_use_ -= footprint;
   --blocks_;
+  if (listener_) listener_(in_use_);
 }
 
 CacheableSpan Arena::span() const noexcept { return *CacheableSpan::create(base(), capacity_); }

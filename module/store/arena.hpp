@@ -28,6 +28,7 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <span>
@@ -126,9 +127,15 @@ class Block {
 
 class Arena {
  public:
+  // Told the arena's in-use bytes (ArenaStats::in_use) after every change, in order, under the
+  // arena's lock, on whichever thread allocated or freed. Must not call back into the arena.
+  // The module mirrors them into the server's used_memory (store/ballast.hpp).
+  using UsageListener = std::function<void(std::size_t in_use)>;
+
   // Reserves `capacity` bytes (mmap, MAP_NORESERVE: pages are committed on first touch) and
   // creates a jemalloc arena drawing from them. Fails if the kernel or jemalloc refuses.
-  static Result<std::unique_ptr<Arena>> create(std::size_t capacity);
+  static Result<std::unique_ptr<Arena>> create(std::size_t capacity,
+                                               UsageListener listener = {});
   // Destroys the jemalloc arena, retires any registration over the reservation
   // (dma::invalidate) and unmaps it. Every Block must be gone.
   ~Arena();
@@ -159,6 +166,7 @@ class Arena {
   std::byte* base_;
   std::size_t capacity_;
   std::unique_ptr<Hooks> hooks_;  // must outlive the jemalloc arena
+  UsageListener listener_;        // called under mutex_
   unsigned index_ = 0;            // the jemalloc arena's index
   int flags_ = 0;                 // MALLOCX_ARENA(index_) | MALLOCX_TCACHE_NONE | alignment
   mutable std::mutex mutex_;
