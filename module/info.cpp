@@ -104,6 +104,9 @@ void on_info(RedisModuleInfoCtx* ctx, int /*for_crash_report*/) {
                                     counters.plain_gets.load(std::memory_order_relaxed));
   RedisModule_InfoAddFieldULongLong(ctx, "plain_sets",
                                     counters.plain_sets.load(std::memory_order_relaxed));
+  RedisModule_InfoAddFieldULongLong(ctx, "inline_gets",
+                                    counters.inline_gets.load(std::memory_order_relaxed));
+  RedisModule_InfoAddFieldULongLong(ctx, "inline_max", state->options.inline_max);
 }
 
 }  // namespace dma::module
