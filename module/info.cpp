@@ -7,6 +7,7 @@
 #include "dma/memory.hpp"
 #include "dma/protocol.hpp"
 #include "state.hpp"
+#include "transfer.hpp"
 
 namespace dma::module {
 namespace {
@@ -115,6 +116,12 @@ void on_info(RedisModuleInfoCtx* ctx, int /*for_crash_report*/) {
                                     counters.conditions_failed.load(std::memory_order_relaxed));
   RedisModule_InfoAddFieldULongLong(ctx, "writes_refused_late",
                                     counters.writes_refused_late.load(std::memory_order_relaxed));
+  RedisModule_InfoAddFieldULongLong(ctx, "inline_gets",
+                                    counters.inline_gets.load(std::memory_order_relaxed));
+  RedisModule_InfoAddFieldULongLong(ctx, "inline_max", state->options.inline_max);
+  // Transfer contexts taken from the heap (not the free list) since load: flat in steady state.
+  RedisModule_InfoAddFieldULongLong(ctx, "context_allocations",
+                                    TransferContext::context_allocations());
 }
 
 }  // namespace dma::module

@@ -143,11 +143,12 @@ struct CommandSpec {
 };
 
 // Every command the module adds. Replies (README, "The Redis/Valkey module"):
-//   DMA.HELLO <client-address-hex>      [<nonce-hex>, [<endpoint-address-hex>...]]; opens an
-//                                       unproven session, once per connection
+//   DMA.HELLO <client-address-hex>      [<nonce-hex>, [<endpoint-address-hex>...], inline-max];
+//                                       opens an unproven session, once per connection
 //   DMA.PROVE <rkey> <addr> <len>       OK after reading the nonce (len = 32) back from the
 //                                       advertised address; else an error, session closed
-//   DMA.GET <key> <rkey> <addr> <len>.. [length, crc32c] | nil; proven sessions only
+//   DMA.GET <key> [INLINE <max>] <rkey> <addr> <len>..  [length, crc32c] | [length, crc32c,
+//                                       bytes] (INLINE, value <= max) | nil; proven only
 //   DMA.SET <key> <length> [CRC <c>] [EX|PX|EXAT|PXAT <n> | KEEPTTL] [NX|XX]
 //           <rkey> <addr> <len>..   [length, crc32c] | nil (NX/XX); proven only
 //   DMA.GETPLAIN <key>                  the value's bytes | nil; no session needed

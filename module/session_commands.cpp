@@ -31,8 +31,10 @@ int reply_proof(RedisModuleCtx* ctx, RedisModuleString** /*argv*/, int /*argc*/)
 
 }  // namespace
 
-// DMA.HELLO <client-address-hex>  ->  [<nonce-hex>, [<server-endpoint-address-hex>, ...]]
-// Opens an unproven session for this connection and adds the address as its peer.
+// DMA.HELLO <client-address-hex>  ->  [<nonce-hex>, [<server-endpoint-address-hex>, ...],
+//                                      <inline-max>]
+// Opens an unproven session for this connection and adds the address as its peer. inline-max
+// tells the client the largest value a DMA.GET ... INLINE answers in its reply.
 int hello_command(RedisModuleCtx* ctx, RedisModuleString** argv, int argc) {
   if (argc != 2) return RedisModule_WrongArity(ctx);
   const std::uint64_t client_id = RedisModule_GetClientId(ctx);
@@ -56,13 +58,14 @@ int hello_command(RedisModuleCtx* ctx, RedisModuleString** argv, int argc) {
   publish_session_count();
   const std::string nonce_hex = hex_encode(*nonce);
   const auto addresses = state->services->local_addresses();
-  RedisModule_ReplyWithArray(ctx, 2);
+  RedisModule_ReplyWithArray(ctx, 3);
   RedisModule_ReplyWithStringBuffer(ctx, nonce_hex.data(), nonce_hex.size());
   RedisModule_ReplyWithArray(ctx, static_cast<long>(addresses.size()));
   for (const auto& bytes : addresses) {
     const std::string hex = hex_encode(bytes);
     RedisModule_ReplyWithStringBuffer(ctx, hex.data(), hex.size());
   }
+  RedisModule_ReplyWithLongLong(ctx, static_cast<long long>(state->options.inline_max));
   return REDISMODULE_OK;
 }
 

@@ -6,6 +6,7 @@
 // write. A DMA.SET reads into a fresh block that replaces the key's value only after the read
 // completed, its CRC32C matched, and NX/XX still hold; on any failure the key is untouched. The
 // write itself (TTL, WATCH, keyspace events, replication) is write.hpp's.
+#include <algorithm>
 #include <cstring>
 #include <optional>
 #include <string>
@@ -71,41 +72,69 @@ Status check_expiry(const Expiry& expiry) {
 
 }  // namespace
 
-// DMA.GET <key> <rkey> <addr> <len> [<rkey> <addr> <len> ...]
-// A stored value goes straight from its block with its recorded CRC; a plain string is copied
-// into the arena first (the key may change or vanish while the write is on the wire).
+// DMA.GET <key> [INLINE <max>] [<rkey> <addr> <len> ...]  (core.hpp, GetArguments)
+// With INLINE, a value of at most <max> bytes (and inline-max) is answered in the reply,
+// [length, crc32c, bytes], with no transfer. Otherwise a stored value goes straight from its
+// block with its recorded CRC and a plain string is copied into the arena first (the key may
+// change or vanish while the write is on the wire); [length, crc32c] once it has landed. With
+// INLINE and no regions, a larger value is answered [length, crc32c] and nothing moves.
 int get_command(RedisModuleCtx* ctx, RedisModuleString** argv, int argc) {
-  if (argc < 5 || (argc - 2) % 3 != 0) return RedisModule_WrongArity(ctx);
+  // <key> INLINE <max> [triples] or <key> <one or more triples>.
+  const bool asks_inline = argc >= 4 && equals_ignoring_case(view_of(argv[2]), "INLINE");
+  if (asks_inline ? (argc - 4) % 3 != 0 : argc < 5 || (argc - 2) % 3 != 0) {
+    return RedisModule_WrongArity(ctx);
+  }
   const std::uint64_t client_id = RedisModule_GetClientId(ctx);
-  if (!ready_to_transfer(ctx, client_id)) return REDISMODULE_OK;
+  if (Status proven = state->sessions.check_proven(client_id); !proven) {
+    return reply_error(ctx, proven.error());
+  }
   const auto fields = fields_of(argv, 2, argc);
-  auto regions = parse_regions(fields);
-  if (!regions) return reply_error(ctx, regions.error());
+  auto arguments = parse_get_arguments(fields);
+  if (!arguments) return reply_error(ctx, arguments.error());
+  // Without INLINE the command always transfers: refused in MULTI whatever the key holds.
+  if (!arguments->inline_max && !may_block(ctx)) return REDISMODULE_OK;
 
   HeldValue held = held_by(open_key(ctx, argv[1], REDISMODULE_READ).get());
   if (held.kind == HeldValue::Kind::kMissing) return RedisModule_ReplyWithNull(ctx);
   if (held.kind == HeldValue::Kind::kOtherType) {
     return RedisModule_ReplyWithError(ctx, REDISMODULE_ERRORMSG_WRONGTYPE);
   }
-  const std::size_t length =
-      held.kind == HeldValue::Kind::kStored ? held.stored.length() : held.text.size();
-  if (length > regions->capacity) {
+  const bool crc_known = held.kind == HeldValue::Kind::kStored;
+  const std::span<const std::byte> bytes = crc_known ? held.stored.bytes() : held.text;
+  const std::size_t length = bytes.size();
+  if (arguments->inline_max) {
+    const std::uint64_t most = std::min<std::uint64_t>(*arguments->inline_max,
+                                                        state->options.inline_max);
+    const bool fits = length <= most;
+    if (fits || arguments->regions.regions.empty()) {
+      const std::uint32_t crc = crc_known ? held.stored.crc() : crc32c(bytes);
+      RedisModule_ReplyWithArray(ctx, fits ? 3 : 2);
+      RedisModule_ReplyWithLongLong(ctx, static_cast<long long>(length));
+      RedisModule_ReplyWithLongLong(ctx, static_cast<long long>(crc));
+      if (!fits) return REDISMODULE_OK;
+      state->counters.inline_gets.fetch_add(1, std::memory_order_relaxed);
+      state->counters.bytes_to_clients.fetch_add(length, std::memory_order_relaxed);
+      return RedisModule_ReplyWithStringBuffer(ctx, reinterpret_cast<const char*>(bytes.data()),
+                                               length);
+    }
+  }
+  if (length > arguments->regions.capacity) {
     return reply_error(ctx, ErrorCode::kInvalidArgument,
-                       "regions hold " + std::to_string(regions->capacity) +
+                       "regions hold " + std::to_string(arguments->regions.capacity) +
                            " bytes, fewer than the value's " + std::to_string(length));
   }
-  const bool crc_known = held.kind == HeldValue::Kind::kStored;
+  if (arguments->inline_max && !may_block(ctx)) return REDISMODULE_OK;
   store::Block block = std::move(held.stored);
   if (!crc_known) {
     auto copy = state->arena->allocate(length);
     if (!copy) return reply_error(ctx, copy.error());
-    if (length != 0) std::memcpy(copy->data(), held.text.data(), length);
+    if (length != 0) std::memcpy(copy->data(), bytes.data(), length);
     block = std::move(*copy);
     state->counters.plain_string_copies.fetch_add(1, std::memory_order_relaxed);
   }
   TransferRequest request;
   request.client_id = client_id;
-  request.regions = std::move(regions->regions);
+  request.regions = std::move(arguments->regions.regions);
   request.direction = Direction::kToPeer;
   request.want_checksum = !crc_known;
   return block_and_submit(ctx, TransferContext::for_get(std::move(block), crc_known),
@@ -135,7 +164,7 @@ int set_command(RedisModuleCtx* ctx, RedisModuleString** argv, int argc) {
     state->counters.errors.fetch_add(1, std::memory_order_relaxed);
     return reply_error(ctx, landing.error());
   }
-  auto context = TransferContext::for_set(std::string(view_of(argv[1])), std::move(*landing),
+  auto context = TransferContext::for_set(view_of(argv[1]), std::move(*landing),
                                           arguments->options);
   TransferRequest request;
   request.client_id = client_id;
@@ -231,6 +260,7 @@ int setplain_command(RedisModuleCtx* ctx, RedisModuleString** argv, int argc) {
   auto written = write_value(ctx, argv[1], *block, *options);
   if (!written) return refuse(written.error());
   state->counters.plain_sets.fetch_add(1, std::memory_order_relaxed);
+  state->counters.bytes_from_clients.fetch_add(value.size(), std::memory_order_relaxed);
   if (options->get) return reply_old_value();
   if (*written == Written::kSkipped) return RedisModule_ReplyWithNull(ctx);
   return reply_length_and_crc(ctx, block->length(), block->crc());

@@ -288,7 +288,7 @@ TEST_P(ModuleAof, every_dma_write_is_replayed_after_a_restart_around_a_rewrite) 
 }
 
 INSTANTIATE_TEST_SUITE_P(Preamble, ModuleAof, ::testing::Values("yes", "no"),
-                         [](const auto& info) { return "rdb_preamble_" + info.param; });
+                         [](const auto& param_info) { return "rdb_preamble_" + param_info.param; });
 
 // A fork (BGSAVE or BGREWRITEAOF, which fork before they reply) while a slow client's 16 MiB
 // DMA.SET is in flight. Whether it was is read from dma_in_flight before and after: nothing else
