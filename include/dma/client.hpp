@@ -2,7 +2,16 @@
 // dma::Target; values move over the fabric (the server writes GETs into and reads SETs out of
 // this process's exposed buffers) while the connection carries only the small commands.
 //
-// Ownership: the Client owns its connection and its Target. Thread-safety: none. A hiredis
+// Redis Cluster: a key's command goes to the node serving its slot. A -MOVED reply records that
+// node for the slot and the command is sent again there; -ASK sends it there once, after
+// ASKING (a slot being migrated); -TRYAGAIN (the slot moved while a DMA.SET's read was in flight,
+// the key untouched) sends it again; at most kMaxRedirections times per call. Each node gets
+// its own connection and its own proven session (one DMA.HELLO per node, said the first time a
+// command is sent there and kept for the client's life), all for the one Target: a session is
+// bound to its connection, and every node must prove that this target is ours. Against a
+// single server nothing of this costs anything.
+//
+// Ownership: the Client owns its connections and its Target. Thread-safety: none. A hiredis
 // context must not be shared between threads, and each session is bound to its connection,
 // so use one Client per thread (each opens its own Target and says its own hello).
 #pragma once
@@ -45,10 +54,27 @@ Result<Reply> receive(redisContext* connection);
 // send() then receive(); an error reply is a kInvalidArgument "<command> failed: <reply>".
 Result<Reply> command(redisContext* connection, std::span<const std::string_view> arguments);
 Result<Reply> command(redisContext* connection, std::initializer_list<std::string_view> arguments);
+
+// Redis Cluster's hash slot of a key (CRC16/XMODEM of the key, or of the part between the first
+// '{' and the next '}' when that is not empty, modulo 16384): what CLUSTER KEYSLOT answers.
+int key_slot(std::string_view key) noexcept;
+
+// A cluster's redirection: "MOVED <slot> <host>:<port>" or "ASK <slot> <host>:<port>" (the host
+// is everything before the last ':', so IPv6 addresses pass). nullopt for any other error.
+struct Redirection {
+  bool ask = false;  // ASK: this command only, after ASKING; MOVED: the slot's owner from now
+  int slot = 0;
+  std::string host;
+  int port = 0;
+};
+std::optional<Redirection> parse_redirection(std::string_view error);
 }  // namespace redis
 
 class Client {
  public:
+  // Redirections (-MOVED, -ASK, -TRYAGAIN) followed for one command before it fails.
+  static constexpr int kMaxRedirections = 16;
+
   struct Options {
     // Bounds every round trip, the transfer included.
     std::chrono::milliseconds timeout{60000};
@@ -78,7 +104,8 @@ class Client {
   // DMA.HELLO then DMA.PROVE: registers this target's address with the server, inserts every
   // server endpoint's address into the target (efa-direct requires it), then proves the address
   // is ours by exposing the server's nonce on the target for the server to read back. Once per
-  // connection; after a failure the connection may try again.
+  // connection; after a failure the connection may try again. In a cluster this is the node
+  // connect() reached; others get theirs when a command is first redirected to them.
   Status hello();
 
   // DMA.GET into `buffer`: the value's length, or nullopt if the key does not exist. Fails
@@ -106,8 +133,11 @@ class Client {
   Status set(std::string_view key, const Exposed& value, std::size_t length);
 
   // The largest value that travels inline: Options::inline_max capped by the server's
-  // inline-max, known after hello() (0 before).
+  // inline-max (the smallest of the nodes' said hello to, in a cluster), known after hello()
+  // (0 before).
   std::size_t inline_max() const noexcept { return inline_max_; }
+  // The cluster nodes this client has a proven session with (1 against a single server).
+  std::size_t sessions() const noexcept;
   // The server's endpoint addresses from hello(), and this client's target.
   const std::vector<std::vector<std::uint8_t>>& server_addresses() const noexcept {
     return server_addresses_;
@@ -115,7 +145,23 @@ class Client {
   Target& target() noexcept { return *target_; }
 
  private:
-  Client(redisContext* connection, std::unique_ptr<Target> target, Options options);
+  // One server (cluster node) this client talks to: its connection and whether its session is
+  // proven. Defined in client.cpp.
+  struct Node;
+  Client(redisContext* connection, std::string name, std::unique_ptr<Target> target,
+         Options options);
+  // Says DMA.HELLO and DMA.PROVE on `node`'s connection.
+  Status hello_on(Node& node);
+  // The node `host`:`port`, connected (not yet proven) if it is new.
+  Result<Node*> node_named(const std::string& host, int port);
+  // Sends `arguments`, a command on `key`, to the node serving the key, following the
+  // cluster's redirections (see the top of this file); `transfers`: hold a Busy token (the
+  // server moves bytes before replying). The final reply; an error reply is a
+  // kInvalidArgument "<command> failed: <reply>" as redis::command makes it.
+  Result<redis::Reply> route(std::string_view key, std::span<const std::string_view> arguments,
+                             bool transfers);
+  Result<redis::Reply> route(std::string_view key, const std::vector<std::string>& arguments,
+                             bool transfers);
   // DMA.GET <key> INLINE <most> [the whole of `landing`]: the reply, checked.
   struct Answer {
     std::uint64_t length = 0;
@@ -131,11 +177,18 @@ class Client {
                                                   std::uint32_t crc);
   // A Busy token when busy_poll is on, else an empty one.
   Target::Busy busy();
-  redisContext* connection_;
+  std::chrono::milliseconds timeout_;
   bool busy_poll_;
   std::size_t inline_wanted_;  // Options::inline_max
   std::size_t inline_max_ = 0;
   std::unique_ptr<Target> target_;
+  // nodes_[0] is the server connect() reached; the others were named by redirections. Declared
+  // after the target, so destroyed before it: the connections close (and the servers drop the
+  // sessions) while the target still exists.
+  std::vector<std::unique_ptr<Node>> nodes_;
+  // The node serving each slot, as -MOVED said (null: not known, nodes_[0]); empty until the
+  // first -MOVED, so a single server never hashes a key.
+  std::vector<Node*> slots_;
   std::vector<std::vector<std::uint8_t>> server_addresses_;
 };
 

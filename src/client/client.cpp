@@ -3,7 +3,9 @@
 #include <hiredis/hiredis.h>
 
 #include <algorithm>
+#include <charconv>
 #include <cstring>
+#include <thread>
 
 #include "dma/protocol.hpp"
 
@@ -91,28 +93,72 @@ Result<Reply> command(redisContext* connection, std::initializer_list<std::strin
   return command(connection, std::span<const std::string_view>(arguments.begin(), arguments.size()));
 }
 
-}  // namespace redis
-
-Client::Client(redisContext* connection, std::unique_ptr<Target> target, Options options)
-    : connection_(connection),
-      busy_poll_(options.busy_poll),
-      inline_wanted_(options.inline_max),
-      target_(std::move(target)) {}
-
-Target::Busy Client::busy() { return busy_poll_ ? target_->busy() : Target::Busy(); }
-
-Client::~Client() { redisFree(connection_); }
-
-Result<std::unique_ptr<Client>> Client::connect(const std::string& host, int port,
-                                                const Configuration& configuration) {
-  return connect(host, port, configuration, Options{});
+int key_slot(std::string_view key) noexcept {
+  // Redis Cluster's key hash tag: the part between the first '{' and the next '}', if any.
+  if (const std::size_t open = key.find('{'); open != std::string_view::npos) {
+    const std::size_t close = key.find('}', open + 1);
+    if (close != std::string_view::npos && close != open + 1) {
+      key = key.substr(open + 1, close - open - 1);
+    }
+  }
+  // CRC16/XMODEM (polynomial 0x1021, initial 0), as the cluster specification defines it.
+  std::uint16_t crc = 0;
+  for (const char c : key) {
+    crc ^= static_cast<std::uint16_t>(static_cast<unsigned char>(c) << 8);
+    for (int bit = 0; bit < 8; ++bit) {
+      crc = (crc & 0x8000) ? static_cast<std::uint16_t>((crc << 1) ^ 0x1021)
+                           : static_cast<std::uint16_t>(crc << 1);
+    }
+  }
+  return crc & 16383;
 }
 
-Result<std::unique_ptr<Client>> Client::connect(const std::string& host, int port,
-                                                const Configuration& configuration,
-                                                Options options) {
-  const timeval timeout{static_cast<time_t>(options.timeout.count() / 1000),
-                        static_cast<suseconds_t>((options.timeout.count() % 1000) * 1000)};
+std::optional<Redirection> parse_redirection(std::string_view error) {
+  Redirection out;
+  if (error.starts_with("MOVED ")) {
+    error.remove_prefix(6);
+  } else if (error.starts_with("ASK ")) {
+    out.ask = true;
+    error.remove_prefix(4);
+  } else {
+    return std::nullopt;
+  }
+  const std::size_t space = error.find(' ');
+  if (space == std::string_view::npos) return std::nullopt;
+  const std::string_view slot = error.substr(0, space);
+  const std::string_view address = error.substr(space + 1);
+  const std::size_t colon = address.rfind(':');
+  if (colon == std::string_view::npos || colon == 0) return std::nullopt;
+  const std::string_view port = address.substr(colon + 1);
+  const auto slot_parsed = std::from_chars(slot.data(), slot.data() + slot.size(), out.slot);
+  const auto port_parsed = std::from_chars(port.data(), port.data() + port.size(), out.port);
+  if (slot_parsed.ec != std::errc() || slot_parsed.ptr != slot.data() + slot.size() ||
+      port_parsed.ec != std::errc() || port_parsed.ptr != port.data() + port.size() ||
+      out.slot < 0 || out.slot >= 16384 || out.port <= 0 || out.port > 65535) {
+    return std::nullopt;
+  }
+  out.host = std::string(address.substr(0, colon));
+  return out;
+}
+
+}  // namespace redis
+
+struct Client::Node {
+  Node(redisContext* opened, std::string named) : connection(opened), name(std::move(named)) {}
+  ~Node() { redisFree(connection); }
+  Node(const Node&) = delete;
+  Node& operator=(const Node&) = delete;
+  redisContext* connection;
+  std::string name;  // "host:port", as connect() was given it or a redirection named it
+  bool proven = false;
+};
+
+namespace {
+
+Result<redisContext*> open_connection(const std::string& host, int port,
+                                      std::chrono::milliseconds limit) {
+  const timeval timeout{static_cast<time_t>(limit.count() / 1000),
+                        static_cast<suseconds_t>((limit.count() % 1000) * 1000)};
   redisContext* connection = redisConnectWithTimeout(host.c_str(), port, timeout);
   if (connection == nullptr) {
     return fail(ErrorCode::kResourceExhausted, "cannot allocate a redis connection");
@@ -124,17 +170,124 @@ Result<std::unique_ptr<Client>> Client::connect(const std::string& host, int por
     return fail(ErrorCode::kUnreachable, std::move(message));
   }
   redisSetTimeout(connection, timeout);
+  return connection;
+}
+
+}  // namespace
+
+Client::Client(redisContext* connection, std::string name, std::unique_ptr<Target> target,
+               Options options)
+    : timeout_(options.timeout),
+      busy_poll_(options.busy_poll),
+      inline_wanted_(options.inline_max),
+      target_(std::move(target)) {
+  nodes_.push_back(std::make_unique<Node>(connection, std::move(name)));
+}
+
+Target::Busy Client::busy() { return busy_poll_ ? target_->busy() : Target::Busy(); }
+
+Client::~Client() = default;
+
+std::size_t Client::sessions() const noexcept {
+  return static_cast<std::size_t>(
+      std::count_if(nodes_.begin(), nodes_.end(), [](const auto& node) { return node->proven; }));
+}
+
+Result<std::unique_ptr<Client>> Client::connect(const std::string& host, int port,
+                                                const Configuration& configuration) {
+  return connect(host, port, configuration, Options{});
+}
+
+Result<std::unique_ptr<Client>> Client::connect(const std::string& host, int port,
+                                                const Configuration& configuration,
+                                                Options options) {
+  DMA_TRY_ASSIGN(redisContext* connection, open_connection(host, port, options.timeout));
   auto target = Target::open(configuration);
   if (!target) {
     redisFree(connection);
     return fail(std::move(target).error());
   }
-  return std::unique_ptr<Client>(new Client(connection, std::move(*target), options));
+  return std::unique_ptr<Client>(new Client(connection, host + ":" + std::to_string(port),
+                                            std::move(*target), options));
 }
 
-Status Client::hello() {
+Result<Client::Node*> Client::node_named(const std::string& host, int port) {
+  const std::string name = host + ":" + std::to_string(port);
+  for (const auto& node : nodes_) {
+    if (node->name == name) return node.get();
+  }
+  DMA_TRY_ASSIGN(redisContext* connection, open_connection(host, port, timeout_));
+  nodes_.push_back(std::make_unique<Node>(connection, name));
+  return nodes_.back().get();
+}
+
+Result<Reply> Client::route(std::string_view key, const std::vector<std::string>& arguments,
+                            bool transfers) {
+  const std::vector<std::string_view> views(arguments.begin(), arguments.end());
+  return route(key, std::span<const std::string_view>(views), transfers);
+}
+
+Result<Reply> Client::route(std::string_view key, std::span<const std::string_view> arguments,
+                            bool transfers) {
+  // The node -MOVED last named for the key's slot, else the one connect() reached.
+  auto serving = [&]() -> Node* {
+    if (slots_.empty()) return nodes_.front().get();
+    Node* known = slots_[static_cast<std::size_t>(redis::key_slot(key))];
+    return known != nullptr ? known : nodes_.front().get();
+  };
+  Node* node = serving();
+  bool asking = false;
+  for (int redirection = 0; redirection <= kMaxRedirections; ++redirection) {
+    if (!node->proven) DMA_TRY(hello_on(*node));
+    auto reply = [&]() -> Result<Reply> {
+      const Target::Busy busy = transfers ? this->busy() : Target::Busy();
+      if (asking) {
+        // ASKING applies to the next command on this connection only: pipelined with it.
+        const std::string_view ask[] = {"ASKING"};
+        DMA_TRY(redis::send(node->connection, ask));
+        DMA_TRY(redis::send(node->connection, arguments));
+        DMA_TRY_ASSIGN(const Reply asked, redis::receive(node->connection));
+        (void)asked;  // +OK; an error here shows in the command's own reply
+        return redis::receive(node->connection);
+      }
+      DMA_TRY(redis::send(node->connection, arguments));
+      return redis::receive(node->connection);
+    }();
+    if (!reply) return fail(std::move(reply).error());
+    if ((*reply)->type != REDIS_REPLY_ERROR) return reply;
+    const std::string_view error((*reply)->str, (*reply)->len);
+    if (auto redirect = redis::parse_redirection(error)) {
+      DMA_TRY_ASSIGN(node, node_named(redirect->host, redirect->port));
+      asking = redirect->ask;
+      if (!redirect->ask) {
+        if (slots_.empty()) slots_.assign(16384, nullptr);
+        slots_[static_cast<std::size_t>(redirect->slot)] = node;
+      }
+      continue;
+    }
+    if (error.starts_with("TRYAGAIN")) {
+      // The slot is moving (a DMA.SET's read outlived its node's ownership, or a multi-key
+      // command met a migration): send it again, to whoever serves the slot by now.
+      std::this_thread::sleep_for(std::chrono::milliseconds(2 * (redirection + 1)));
+      asking = false;
+      node = serving();
+      continue;
+    }
+    return fail(ErrorCode::kInvalidArgument,
+                std::string(arguments.empty() ? "" : arguments[0]) + " failed: " +
+                    std::string(error));
+  }
+  return fail(ErrorCode::kUnreachable,
+              std::string(arguments.empty() ? "" : arguments[0]) + " on a key of slot " +
+                  std::to_string(redis::key_slot(key)) + ": more than " +
+                  std::to_string(kMaxRedirections) + " redirections");
+}
+
+Status Client::hello() { return hello_on(*nodes_.front()); }
+
+Status Client::hello_on(Node& node) {
   DMA_TRY_ASSIGN(const auto reply,
-                 run(connection_, {"DMA.HELLO", hex_encode(target_->local_address())}));
+                 run(node.connection, {"DMA.HELLO", hex_encode(target_->local_address())}));
   // [<nonce-hex>, [<server-address-hex>, ...], <inline-max>]; a server without inline values
   // answers the first two only.
   const redisReply& answer = *reply;
@@ -172,15 +325,20 @@ Status Client::hello() {
   target_->synchronize();  // our writes to `proof` before the server's read
   auto proven = [&] {
     const Target::Busy busy = this->busy();  // the server reads the proof before replying
-    return run(connection_, with_region({"DMA.PROVE"}, exposed));
+    return run(node.connection, with_region({"DMA.PROVE"}, exposed));
   }();
   target_->synchronize();  // the provider's sends from `proof` before it is freed
   if (!proven) return fail(std::move(proven).error());
   if ((*proven)->type != REDIS_REPLY_STATUS) {
     return fail(ErrorCode::kInvalidArgument, "DMA.PROVE returned something other than OK");
   }
-  server_addresses_ = std::move(addresses);
-  inline_max_ = std::min(inline_wanted_, server_inline);
+  const bool home = &node == nodes_.front().get();
+  const std::size_t node_inline = std::min(inline_wanted_, server_inline);
+  // In a cluster, the smallest inline-max of the nodes: a value inline for one must not be
+  // refused by another (redirections are followed below the inline decision).
+  inline_max_ = home || sessions() == 0 ? node_inline : std::min(inline_max_, node_inline);
+  node.proven = true;
+  if (home) server_addresses_ = std::move(addresses);
   return {};
 }
 
@@ -188,11 +346,8 @@ Result<std::optional<Client::Answer>> Client::get_inline(std::string_view key, s
                                                          const Exposed* landing) {
   std::vector<std::string> arguments{"DMA.GET", std::string(key), "INLINE", std::to_string(most)};
   if (landing != nullptr) arguments = with_region(std::move(arguments), *landing);
-  auto reply = [&] {
-    // Only a transfer into `landing` needs the target's progress before the reply.
-    const Target::Busy busy = landing != nullptr ? this->busy() : Target::Busy();
-    return run(connection_, arguments);
-  }();
+  // Only a transfer into `landing` needs the target's progress before the reply.
+  auto reply = route(key, arguments, /*transfers=*/landing != nullptr);
   if (!reply) return fail(std::move(reply).error());
   const redisReply& got = **reply;
   if (got.type == REDIS_REPLY_NIL) return std::optional<Answer>();
@@ -229,7 +384,7 @@ Status Client::set_inline(std::string_view key, std::span<const std::byte> value
   const std::string crc_text = std::to_string(crc);
   const std::string_view bytes(reinterpret_cast<const char*>(value.data()), value.size());
   const std::string_view arguments[] = {"DMA.SETPLAIN", key, bytes, "CRC", crc_text};
-  DMA_TRY_ASSIGN(const auto reply, redis::command(connection_, arguments));
+  DMA_TRY_ASSIGN(const auto reply, route(key, arguments, /*transfers=*/false));
   DMA_TRY_ASSIGN(const auto answer, length_and_crc(*reply, "DMA.SETPLAIN"));
   if (answer.first != value.size() || answer.second != crc) {
     return fail(ErrorCode::kCorrupted,
@@ -310,10 +465,9 @@ Result<std::optional<std::size_t>> Client::get(std::string_view key, const Expos
     }
     return check_landed(landing, answer->length, answer->crc);
   }
-  Target::Busy busy = this->busy();  // the server writes into `landing` before replying
+  // The server writes into `landing` before replying.
   DMA_TRY_ASSIGN(const auto reply,
-                 run(connection_, with_region({"DMA.GET", std::string(key)}, landing)));
-  busy = Target::Busy();
+                 route(key, with_region({"DMA.GET", std::string(key)}, landing), true));
   if (reply->type == REDIS_REPLY_NIL) return std::optional<std::size_t>();
   DMA_TRY_ASSIGN(const auto answer, length_and_crc(*reply, "DMA.GET"));
   const auto [length, crc] = answer;
@@ -355,12 +509,12 @@ Status Client::set(std::string_view key, const Exposed& value, std::size_t lengt
   }
   target_->synchronize();  // the caller's writes to the buffer before the server's read
   const std::uint32_t crc = crc32c(std::span<const std::byte>(value.data(), length));
-  auto reply = [&] {
-    const Target::Busy busy = this->busy();  // the server reads `value` before replying
-    return run(connection_, with_region({"DMA.SET", std::string(key), std::to_string(length),
-                                         "CRC", std::to_string(crc)},
-                                        value));
-  }();
+  // The server reads `value` before replying.
+  auto reply = route(key,
+                     with_region({"DMA.SET", std::string(key), std::to_string(length), "CRC",
+                                  std::to_string(crc)},
+                                 value),
+                     /*transfers=*/true);
   target_->synchronize();  // the provider's sends from the buffer before the caller reuses it
   if (!reply) return fail(std::move(reply).error());
   DMA_TRY_ASSIGN(const auto answer, length_and_crc(**reply, "DMA.SET"));
