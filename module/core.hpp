@@ -231,6 +231,9 @@ struct Counters {
   // Writes replicated (to replicas and the AOF, as DMA.SETPLAIN), and writes NX/XX skipped (at
   // the command or, for a DMA.SET, when its read completed).
   std::atomic<std::uint64_t> writes_replicated{0};
+  // Writes of large values not propagated because nothing would have received them (no AOF, no
+  // replication backlog, no replica: write.hpp).
+  std::atomic<std::uint64_t> writes_unpropagated{0};
   std::atomic<std::uint64_t> conditions_failed{0};
   // DMA.SETs whose read completed but which could not write any more (the server became a
   // replica, or the key's slot moved away meanwhile): answered READONLY/TRYAGAIN, key untouched.

@@ -112,6 +112,8 @@ void on_info(RedisModuleInfoCtx* ctx, int /*for_crash_report*/) {
                                     counters.plain_sets.load(std::memory_order_relaxed));
   RedisModule_InfoAddFieldULongLong(ctx, "writes_replicated",
                                     counters.writes_replicated.load(std::memory_order_relaxed));
+  RedisModule_InfoAddFieldULongLong(ctx, "writes_unpropagated",
+                                    counters.writes_unpropagated.load(std::memory_order_relaxed));
   RedisModule_InfoAddFieldULongLong(ctx, "conditions_failed",
                                     counters.conditions_failed.load(std::memory_order_relaxed));
   RedisModule_InfoAddFieldULongLong(ctx, "writes_refused_late",

@@ -62,6 +62,10 @@ long long (*RedisModule_Milliseconds)(void) = nullptr;
 void (*RedisModule_SetModuleOptions)(RedisModuleCtx*, int) = nullptr;
 RedisModuleCallReply* (*RedisModule_Call)(RedisModuleCtx*, const char*, const char*, ...) = nullptr;
 void (*RedisModule_FreeCallReply)(RedisModuleCallReply*) = nullptr;
+RedisModuleServerInfoData* (*RedisModule_GetServerInfo)(RedisModuleCtx*, const char*) = nullptr;
+void (*RedisModule_FreeServerInfo)(RedisModuleCtx*, RedisModuleServerInfoData*) = nullptr;
+unsigned long long (*RedisModule_ServerInfoGetFieldUnsigned)(RedisModuleServerInfoData*,
+                                                             const char*, int*) = nullptr;
 
 #define DMA_GET_API(name) \
   (RedisModule_GetApi("RedisModule_" #name, reinterpret_cast<void*>(&RedisModule_##name)) == \
@@ -91,7 +95,8 @@ int redis_module_init(RedisModuleCtx* ctx, const char* name, int version, int ap
       DMA_GET_API(Replicate) && DMA_GET_API(SignalModifiedKey) &&
       DMA_GET_API(NotifyKeyspaceEvent) && DMA_GET_API(GetAbsExpire) &&
       DMA_GET_API(SetAbsExpire) && DMA_GET_API(Milliseconds) && DMA_GET_API(SetModuleOptions) &&
-      DMA_GET_API(Call) && DMA_GET_API(FreeCallReply);
+      DMA_GET_API(Call) && DMA_GET_API(FreeCallReply) && DMA_GET_API(GetServerInfo) &&
+      DMA_GET_API(FreeServerInfo) && DMA_GET_API(ServerInfoGetFieldUnsigned);
   if (!resolved) return REDISMODULE_ERR;
   if (RedisModule_IsModuleNameBusy(name)) return REDISMODULE_ERR;
   RedisModule_SetModuleAttribs(ctx, name, version, api_version);

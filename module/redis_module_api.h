@@ -29,9 +29,10 @@ extern "C" {
 
 #define REDISMODULE_ERRORMSG_WRONGTYPE "WRONGTYPE Operation against a key holding the wrong kind of value"
 
-// RedisModule_GetContextFlags: this server is a replica; cluster mode is on; the command came
-// over the replication link; the server is loading (RDB or AOF).
+// RedisModule_GetContextFlags: this server is a replica; appendonly is on; cluster mode is on;
+// the command came over the replication link; the server is loading (RDB or AOF).
 #define REDISMODULE_CTX_FLAGS_SLAVE (1 << 3)
+#define REDISMODULE_CTX_FLAGS_AOF (1 << 6)
 #define REDISMODULE_CTX_FLAGS_CLUSTER (1 << 5)
 #define REDISMODULE_CTX_FLAGS_REPLICATED (1 << 12)
 #define REDISMODULE_CTX_FLAGS_LOADING (1 << 13)
@@ -64,6 +65,7 @@ typedef struct RedisModuleIO RedisModuleIO;
 typedef struct RedisModuleDigest RedisModuleDigest;
 typedef struct RedisModuleDefragCtx RedisModuleDefragCtx;
 typedef struct RedisModuleCallReply RedisModuleCallReply;
+typedef struct RedisModuleServerInfoData RedisModuleServerInfoData;
 
 typedef struct RedisModuleEvent {
   uint64_t id;       // REDISMODULE_EVENT_*
@@ -183,6 +185,10 @@ extern long long (*RedisModule_Milliseconds)(void);
 extern void (*RedisModule_SetModuleOptions)(RedisModuleCtx*, int);
 extern RedisModuleCallReply* (*RedisModule_Call)(RedisModuleCtx*, const char*, const char*, ...);
 extern void (*RedisModule_FreeCallReply)(RedisModuleCallReply*);
+extern RedisModuleServerInfoData* (*RedisModule_GetServerInfo)(RedisModuleCtx*, const char*);
+extern void (*RedisModule_FreeServerInfo)(RedisModuleCtx*, RedisModuleServerInfoData*);
+extern unsigned long long (*RedisModule_ServerInfoGetFieldUnsigned)(RedisModuleServerInfoData*,
+                                                                    const char*, int*);
 
 // What RedisModule_Init does in redismodule.h: reads RedisModule_GetApi from the context's first
 // word, resolves every pointer above by name, refuses a busy name, and sets the module's name and

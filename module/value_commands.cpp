@@ -257,7 +257,7 @@ int setplain_command(RedisModuleCtx* ctx, RedisModuleString** argv, int argc) {
                             ", the bytes have " + std::to_string(block->crc()) +
                             "; the key is unchanged"));
   }
-  auto written = write_value(ctx, argv[1], *block, *options);
+  auto written = write_value(ctx, argv[1], *block, *options, argv[2]);
   if (!written) return refuse(written.error());
   state->counters.plain_sets.fetch_add(1, std::memory_order_relaxed);
   state->counters.bytes_from_clients.fetch_add(value.size(), std::memory_order_relaxed);

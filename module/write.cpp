@@ -31,15 +31,48 @@ std::optional<long long> deadline_of(RedisModuleKey* key, bool existed, const Ex
   return std::nullopt;
 }
 
+// Whether a propagated write would reach anyone now, by Redis 7.0's rule (server.c,
+// shouldPropagate): the AOF when appendonly is on; replicas when this server is a master with a
+// replication backlog or replicas attached (a replica feeds its own replicas the master's
+// stream, not what it propagates). When in doubt, yes.
+bool someone_receives(RedisModuleCtx* ctx) {
+  const int flags = RedisModule_GetContextFlags(ctx);
+  if (flags & REDISMODULE_CTX_FLAGS_AOF) return true;
+  if (flags & REDISMODULE_CTX_FLAGS_SLAVE) return false;
+  RedisModuleServerInfoData* info = RedisModule_GetServerInfo(ctx, "replication");
+  if (info == nullptr) return true;
+  int backlog_error = 0;
+  int replicas_error = 0;
+  const unsigned long long backlog =
+      RedisModule_ServerInfoGetFieldUnsigned(info, "repl_backlog_active", &backlog_error);
+  const unsigned long long replicas =
+      RedisModule_ServerInfoGetFieldUnsigned(info, "connected_slaves", &replicas_error);
+  RedisModule_FreeServerInfo(ctx, info);
+  return backlog_error != 0 || replicas_error != 0 || backlog != 0 || replicas != 0;
+}
+
 void replicate(RedisModuleCtx* ctx, RedisModuleString* name, const store::Block& block,
-               std::optional<long long> deadline) {
+               RedisModuleString* value, std::optional<long long> deadline) {
+  if (value == nullptr && block.length() >= kReplicationCheckBytes && !someone_receives(ctx)) {
+    // "AR": neither the AOF nor replicas; the server still counts the change.
+    (void)RedisModule_Replicate(ctx, "DMA.SETPLAIN", "sAR", name);
+    state->counters.writes_unpropagated.fetch_add(1, std::memory_order_relaxed);
+    return;
+  }
   const char* bytes = reinterpret_cast<const char*>(block.data());
   const auto crc = static_cast<long long>(block.crc());
-  const int replicated =
-      deadline ? RedisModule_Replicate(ctx, "DMA.SETPLAIN", "sbclcl", name, bytes, block.length(),
-                                       "CRC", crc, "PXAT", *deadline)
-               : RedisModule_Replicate(ctx, "DMA.SETPLAIN", "sbcl", name, bytes, block.length(),
-                                       "CRC", crc);
+  int replicated = REDISMODULE_ERR;
+  if (value != nullptr) {
+    replicated = deadline ? RedisModule_Replicate(ctx, "DMA.SETPLAIN", "ssclcl", name, value,
+                                                  "CRC", crc, "PXAT", *deadline)
+                          : RedisModule_Replicate(ctx, "DMA.SETPLAIN", "sscl", name, value, "CRC",
+                                                  crc);
+  } else {
+    replicated = deadline ? RedisModule_Replicate(ctx, "DMA.SETPLAIN", "sbclcl", name, bytes,
+                                                  block.length(), "CRC", crc, "PXAT", *deadline)
+                          : RedisModule_Replicate(ctx, "DMA.SETPLAIN", "sbcl", name, bytes,
+                                                  block.length(), "CRC", crc);
+  }
   if (replicated == REDISMODULE_OK) {
     state->counters.writes_replicated.fetch_add(1, std::memory_order_relaxed);
   } else {
@@ -51,7 +84,8 @@ void replicate(RedisModuleCtx* ctx, RedisModuleString* name, const store::Block&
 }  // namespace
 
 Result<Written> write_value(RedisModuleCtx* ctx, RedisModuleString* name,
-                            const store::Block& block, const WriteOptions& options) {
+                            const store::Block& block, const WriteOptions& options,
+                            RedisModuleString* bytes) {
   OpenedKey key = open_key(ctx, name, REDISMODULE_READ | REDISMODULE_WRITE);
   if (!key) return fail(ErrorCode::kInvalidArgument, "could not open the key for writing");
   const bool existed = RedisModule_KeyType(key.get()) != REDISMODULE_KEYTYPE_EMPTY;
@@ -69,7 +103,7 @@ Result<Written> write_value(RedisModuleCtx* ctx, RedisModuleString* name,
       options.expiry.kind == Expiry::Kind::kAbsolute) {
     RedisModule_NotifyKeyspaceEvent(ctx, REDISMODULE_NOTIFY_GENERIC, "expire", name);
   }
-  replicate(ctx, name, block, deadline);
+  replicate(ctx, name, block, bytes, deadline);
   return Written::kStored;
 }
 

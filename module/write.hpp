@@ -16,9 +16,20 @@
 // client's fabric addresses, and the deadline the key ends with as an absolute time (so a replica
 // and a replayed AOF end with the same one whenever they apply it), KEEPTTL included.
 //
+// The cost: RedisModule_Replicate copies the bytes into a new string (for 16 MiB, about 12 ms
+// of the main thread here, most of it page faults on the fresh allocation; docs/RELIABILITY.md,
+// "Replication"), then the server copies them again into the replication buffer and the AOF.
+// The first copy buys nothing when nobody receives the stream, so for a value of
+// kReplicationCheckBytes or more the write first asks what Redis's own rule (server.c,
+// shouldPropagate) would: appendonly on, or a master with a replication backlog or replicas.
+// When neither holds only the key is handed over, marked for neither AOF nor replicas, which
+// still counts the write as a change (server.dirty: save points fire) and propagates nothing. A
+// DMA.SETPLAIN hands over its own argument, which the server keeps by reference: no copy.
+//
 // Thread-safety: main thread only (the server's API). Nothing here blocks or throws.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -34,10 +45,14 @@ enum class Written : std::uint8_t {
   kSkipped,  // NX or XX did not hold: the key is untouched
 };
 
+inline constexpr std::size_t kReplicationCheckBytes = std::size_t{64} << 10;
+
 // Stores `block` under `name` following `options` (its CRC already checked by the caller).
-// Fails only if the server refuses the key.
+// `bytes`: the same bytes as a server string (DMA.SETPLAIN's argument), replicated by reference;
+// null: replicated from the block (a copy). Fails only if the server refuses the key.
 Result<Written> write_value(RedisModuleCtx* ctx, RedisModuleString* name,
-                            const store::Block& block, const WriteOptions& options);
+                            const store::Block& block, const WriteOptions& options,
+                            RedisModuleString* bytes = nullptr);
 
 // Why a DMA.SET whose read has just completed must not write now, as a whole error reply
 // ("READONLY ...", "TRYAGAIN ...", "CLUSTERDOWN ..."), or nothing. The read ran while the server

@@ -244,26 +244,40 @@ inline std::string as_string(const std::vector<std::byte>& bytes) {
   return std::string(reinterpret_cast<const char*>(bytes.data()), bytes.size());
 }
 
-// A raw session whose target polls the provider only every `poll_interval` while idle: on tcp
-// the server's reads of it then progress only at those polls, so a 16 MiB DMA.SET stays in
-// flight across several of them, long enough for other connections' commands (a conflicting
-// write, a BGSAVE) to run meanwhile. Whether they did is checked afterwards, never assumed.
-struct SlowSession {
+// A raw session whose target makes progress only when the test drives it: its progress thread
+// would poll once a day, and the test holds a Busy token only for the HELLO proof. On tcp the
+// server's reads of it then wait for drive(), so a DMA.SET is certainly in flight while other
+// connections' commands (a conflicting write, a fork, a MIGRATE) run, and the test lets it
+// finish when it chooses.
+struct HeldSession {
   std::unique_ptr<Target> target;
   std::unique_ptr<Connection> connection;
+  // Drives the target's progress (Target::synchronize) until `done` holds; false at the
+  // deadline.
+  template <typename Done>
+  bool drive_until(Done done, std::chrono::milliseconds within = 60s) {
+    const auto deadline = std::chrono::steady_clock::now() + within;
+    while (!done()) {
+      if (std::chrono::steady_clock::now() > deadline) return false;
+      target->synchronize();
+    }
+    return true;
+  }
 };
-inline SlowSession slow_session(int port,
-                                std::chrono::microseconds poll_interval = std::chrono::milliseconds(100)) {
-  SlowSession slow;
-  auto target = Target::open(loopback("tcp"), {}, Target::Options{poll_interval});
+inline HeldSession held_session(int port) {
+  HeldSession held;
+  auto target = Target::open(loopback("tcp"), {}, Target::Options{std::chrono::hours(24)});
   EXPECT_TRUE(target) << target.error().describe();
-  if (!target) return slow;
-  slow.target = std::move(*target);
-  slow.connection = std::make_unique<Connection>(port);
-  Status proven = hello_and_prove(*slow.connection, *slow.target);
+  if (!target) return held;
+  held.target = std::move(*target);
+  held.connection = std::make_unique<Connection>(port);
+  Status proven = [&] {
+    const Target::Busy busy = held.target->busy();  // the proof's read needs our progress
+    return hello_and_prove(*held.connection, *held.target);
+  }();
   EXPECT_TRUE(proven) << proven.error().describe();
-  if (!proven) slow.connection.reset();
-  return slow;
+  if (!proven) held.connection.reset();
+  return held;
 }
 
 // One server with the module on tcp for a whole suite: starting one per test costs an endpoint

@@ -290,7 +290,7 @@ TEST_P(ModuleAof, every_dma_write_is_replayed_after_a_restart_around_a_rewrite) 
 INSTANTIATE_TEST_SUITE_P(Preamble, ModuleAof, ::testing::Values("yes", "no"),
                          [](const auto& param_info) { return "rdb_preamble_" + param_info.param; });
 
-// A fork (BGSAVE or BGREWRITEAOF, which fork before they reply) while a slow client's 16 MiB
+// A fork (BGSAVE or BGREWRITEAOF, which fork before they reply) while a held client's 16 MiB
 // DMA.SET is in flight. Whether it was is read from dma_in_flight before and after: nothing else
 // submits a transfer meanwhile, and the count drops (on the worker) before the read's reply is
 // handled, so a count still up after the fork means the read was in flight across it. (Inside
@@ -327,35 +327,21 @@ void traffic_across_a_fork(int port, const std::string& fork_command,
   ASSERT_TRUE(dma->set("in-flight", at_fork["in-flight"]));
   last = at_fork;
 
-  auto slow = slow_session(port, std::chrono::milliseconds(250));
-  ASSERT_TRUE(slow.connection);
+  auto held = held_session(port);
+  ASSERT_TRUE(held.connection);
   const std::size_t size = std::size_t{16} << 20;
-  std::vector<std::byte> memory(size);
-  auto exposed = slow.target->expose(memory.data(), memory.size());
+  const auto incoming = pattern(size, 2);
+  std::vector<std::byte> memory(incoming);
+  auto exposed = held.target->expose(memory.data(), memory.size());
   ASSERT_TRUE(exposed);
-  std::vector<std::byte> incoming;
-  // A round whose read was not in flight across the fork (a loaded machine) is run again, with
-  // other bytes, once its child is done.
-  for (int attempt = 0;; ++attempt) {
-    ASSERT_LT(attempt, 5) << "the 16 MiB read never stayed in flight across the fork";
-    ASSERT_TRUE(eventually([&] {
-      return admin.info_number("persistence", in_progress_field) == 0 &&
-             admin.info_number("persistence", "aof_rewrite_scheduled") == 0;
-    }));
-    at_fork = last;
-    incoming = pattern(size, 2 + attempt);
-    std::copy(incoming.begin(), incoming.end(), memory.begin());
-    slow.target->synchronize();
-    const long long transfers = info_field(admin, "transfers");
-    slow.connection->send(dma_set("in-flight", size, {"CRC", std::to_string(crc32c(incoming))},
-                                  exposed->whole()));
-    ASSERT_TRUE(eventually([&] { return info_field(admin, "transfers") > transfers; }));
-    const Forked forked = fork_during_a_read(admin, fork_command);
-    ASSERT_TRUE(forked.started);
-    if (forked.in_flight) break;
-    ASSERT_EQ(2u, length_and_crc(slow.connection->receive()).size());
-    last["in-flight"] = incoming;
-  }
+  held.target->synchronize();
+  const long long transfers = info_field(admin, "transfers");
+  held.connection->send(dma_set("in-flight", size, {"CRC", std::to_string(crc32c(incoming))},
+                                exposed->whole()));
+  ASSERT_TRUE(eventually([&] { return info_field(admin, "transfers") > transfers; }));
+  const Forked forked = fork_during_a_read(admin, fork_command);
+  ASSERT_TRUE(forked.started);
+  ASSERT_TRUE(forked.in_flight) << "the read completed without our progress";
   // Traffic while the child lives: every reply and every byte read back is checked.
   int during = 0;
   std::vector<std::byte> back(65536 + 48);
@@ -368,11 +354,13 @@ void traffic_across_a_fork(int port, const std::string& fork_command,
     ASSERT_TRUE(std::equal(last[key].begin(), last[key].end(), back.begin())) << key;
     ++during;
   }
-  Reply stored = slow.connection->receive();
+  // The read held across the fork (and the traffic) now completes.
+  ASSERT_TRUE(held.drive_until([&] { return info_field(admin, "in_flight") == 0; }));
+  Reply stored = held.connection->receive();
   EXPECT_EQ((std::vector<std::string>{std::to_string(size), std::to_string(crc32c(incoming))}),
             length_and_crc(stored))
       << "the DMA.SET in flight at the fork failed";
-  slow.target->synchronize();
+  held.target->synchronize();
   last["in-flight"] = incoming;
   std::vector<std::byte> whole(size);
   auto read = dma->get("in-flight", whole);

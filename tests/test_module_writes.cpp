@@ -192,15 +192,15 @@ TEST_F(ModuleWrites, nx_and_xx_are_checked_again_when_the_value_is_swapped_in_an
   // If this fails, a DMA.SET NX whose key another client created while its read was in flight
   // overwrites that client's value (or XX recreates a key deleted meanwhile): the condition was
   // only checked before the read.
-  auto slow = slow_session(port());
-  ASSERT_TRUE(slow.connection);
+  auto held = held_session(port());
+  ASSERT_TRUE(held.connection);
   Connection other(port());
   const std::size_t size = std::size_t{16} << 20;
   const auto value = pattern(size, 5);
   std::vector<std::byte> memory(value);
-  auto exposed = slow.target->expose(memory.data(), memory.size());
+  auto exposed = held.target->expose(memory.data(), memory.size());
   ASSERT_TRUE(exposed);
-  slow.target->synchronize();
+  held.target->synchronize();
   struct Case {
     std::string name;
     std::string condition;
@@ -214,32 +214,24 @@ TEST_F(ModuleWrites, nx_and_xx_are_checked_again_when_the_value_is_swapped_in_an
   };
   for (const Case& race : cases) {
     SCOPED_TRACE(race.name);
-    bool raced = false;
-    // The interleaving is only known afterwards (the read may finish before `during` runs, on a
-    // loaded machine); a round that missed is run again, within the deadline.
-    const bool done = eventually([&] {
-      other.command(race.before);
-      const long long failed = info_field(other, "conditions_failed");
-      const long long transfers = info_field(other, "transfers");
-      slow.connection->send(dma_set("raced", size, {race.condition}, exposed->whole()));
-      if (!eventually([&] { return info_field(other, "transfers") > transfers; })) return false;
-      other.command(race.during);
-      const bool in_flight = info_field(other, "in_flight") > 0;
-      Reply reply = slow.connection->receive();
-      if (!in_flight) return false;  // the read completed before `during`: not this race
-      raced = true;
-      EXPECT_TRUE(is_nil(reply)) << "the swap ignored the condition: " << length_and_crc(reply)[0];
-      EXPECT_EQ(failed + 1, info_field(other, "conditions_failed"));
-      return true;
-    });
-    ASSERT_TRUE(done && raced) << "the read never stayed in flight long enough";
+    other.command(race.before);
+    const long long failed = info_field(other, "conditions_failed");
+    const long long transfers = info_field(other, "transfers");
+    held.connection->send(dma_set("raced", size, {race.condition}, exposed->whole()));
+    ASSERT_TRUE(eventually([&] { return info_field(other, "transfers") > transfers; }));
+    other.command(race.during);
+    ASSERT_GT(info_field(other, "in_flight"), 0) << "the read completed without our progress";
+    ASSERT_TRUE(held.drive_until([&] { return info_field(other, "in_flight") == 0; }));
+    Reply reply = held.connection->receive();
+    EXPECT_TRUE(is_nil(reply)) << "the swap ignored the condition: " << length_and_crc(reply)[0];
+    EXPECT_EQ(failed + 1, info_field(other, "conditions_failed"));
     if (race.after.empty()) {
       EXPECT_EQ(0, integer_of(other.command({"EXISTS", "raced"})));
     } else {
       EXPECT_EQ(race.after, text_of(other.command({"GET", "raced"})));
     }
   }
-  slow.target->synchronize();
+  held.target->synchronize();
 }
 
 TEST_F(ModuleWrites, dma_setplain_get_answers_the_old_value_and_a_wrong_type_writes_nothing) {
