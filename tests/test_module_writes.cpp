@@ -271,6 +271,24 @@ TEST_F(ModuleWrites, the_value_store_counts_in_used_memory_and_memory_usage) {
       << "used_memory did not fall with the value";
 }
 
+TEST_F(ModuleWrites, a_large_write_nobody_would_receive_is_not_copied_for_replication_but_still_counts_as_a_change) {
+  // If this fails, a server without replicas or AOF either copies every large value once more
+  // on its main thread for a replication stream nobody reads (14 ms per 16 MiB measured), or no
+  // longer counts DMA writes as changes, so `save` points never fire for them.
+  auto dma = client();
+  ASSERT_TRUE(dma);
+  Connection admin(port());
+  ASSERT_EQ(0, admin.info_number("replication", "connected_slaves"));
+  const long long changes = admin.info_number("persistence", "rdb_changes_since_last_save");
+  const long long unpropagated = info_field(admin, "writes_unpropagated");
+  const long long replicated = info_field(admin, "writes_replicated");
+  ASSERT_TRUE(dma->set("unheard", pattern(1 << 20, 12)));
+  EXPECT_EQ(unpropagated + 1, info_field(admin, "writes_unpropagated"));
+  EXPECT_EQ(replicated, info_field(admin, "writes_replicated"));
+  EXPECT_GT(admin.info_number("persistence", "rdb_changes_since_last_save"), changes)
+      << "the write did not count as a change";
+}
+
 TEST(ModuleMaxmemory, under_allkeys_lru_module_values_are_evicted_and_their_arena_blocks_come_back) {
   // If this fails, a server with maxmemory fills its arena with DMA values until DMA.SET fails
   // naming arena-bytes (their memory is invisible to eviction), or evicted values leak their
