@@ -1,8 +1,9 @@
 // RedisServer: a redis-server child with the dma module loaded, on loopback, for the module
 // tests, dma-demo, dma-soak and `dma-bench redis`. Failures are Results, never test assertions.
 //
-// start() spawns `redis-server --port P --bind 127.0.0.1 --save '' --appendonly no
-// <server arguments...> --loadmodule <module> <module arguments...>` with stdout and stderr in a
+// start() spawns `redis-server --port P --bind 127.0.0.1 --save '' --appendonly no [--dir D]
+// [cluster options] <server arguments...> --loadmodule <module> <module arguments...>` (see
+// Options; support/redis_cluster.hpp builds a cluster of them) with stdout and stderr in a
 // temporary log file, then polls PING until it answers or the start deadline passes (a child
 // cannot notify us, so polling is the only way to learn it is ready). With port 0 it picks a
 // port the kernel just had free; another process (a test running in parallel) can take it
