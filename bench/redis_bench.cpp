@@ -4,9 +4,11 @@
 //   Target, hello said once per run) and its own plain hiredis connection. The same clients
 //   serve every case of the run; a case uses the first N.
 // - Working set: each client owns its own keys (so the bytes a SET leaves behind are known), up
-//   to 64 MiB over all clients and at most 64 keys per client. Key j of client c holds one of the
-//   client's two pattern values; every key is seeded with plain SET before the timed window and
-//   deleted after the case.
+//   to 64 MiB per side over all clients and at most 64 keys per client and side. Key j of client
+//   c holds one of the client's two pattern values. Each side has its own keys, holding what
+//   that side's SET would store: the plain side's are strings seeded with SET, the DMA side's
+//   module values seeded with DMA.SETPLAIN (so a DMA.GET sends from a stored block, as it does
+//   for values DMA.SET stored). Every key is deleted after the case.
 // - Interleaving: the per-side duration is cut into rounds of about half a second (at least
 //   five); each round runs DMA then plain (alternating which goes first), so noise on the shared
 //   machine hits both. The case's ratio is the median of the rounds' ratios (report.hpp).
@@ -66,13 +68,19 @@ struct Peer {
 
 // A client's share of one case: its keys, its two pattern values, which value each key holds,
 // and the landing buffer for GETs.
+struct Keys {
+  std::vector<std::string> names;
+  std::vector<std::size_t> holds;  // per key: index into Share::values
+  std::size_t next = 0;            // the next key to use
+};
+enum class Kind { kDma, kPlain };
 struct Share {
-  std::vector<std::string> keys;
+  Keys dma_keys;    // module values
+  Keys plain_keys;  // strings
   std::vector<std::vector<std::byte>> values;  // two
   std::vector<std::uint32_t> value_crcs;       // two
-  std::vector<std::size_t> holds;              // per key: index into values
   std::vector<std::byte> landing;
-  std::size_t next = 0;  // the next key to use
+  Keys& keys(Kind kind) { return kind == Kind::kDma ? dma_keys : plain_keys; }
   // With --registration once: landing and values exposed for the whole case. Declared after
   // the buffers so they are closed first.
   std::optional<Exposed> landing_exposed;
@@ -107,17 +115,16 @@ struct Side {
   }
 };
 
-enum class Kind { kDma, kPlain };
-
 // One operation of `kind` on `op` by one client; the result goes to `tally`. Returns false if
 // the connection can no longer be trusted (the phase ends for this client).
 bool one_operation(Kind kind, bool get, Peer& peer, Share& share, Tally& tally) {
-  const std::size_t index = share.next++ % share.keys.size();
-  const std::string& key = share.keys[index];
+  Keys& keys = share.keys(kind);
+  const std::size_t index = keys.next++ % keys.names.size();
+  const std::string& key = keys.names[index];
   const std::size_t size = share.landing.size();
   const auto started = Clock::now();
   if (get) {
-    const std::uint32_t expected = share.value_crcs[share.holds[index]];
+    const std::uint32_t expected = share.value_crcs[keys.holds[index]];
     std::optional<std::uint32_t> landed;
     std::size_t length = 0;
     if (kind == Kind::kDma) {
@@ -163,7 +170,7 @@ bool one_operation(Kind kind, bool get, Peer& peer, Share& share, Tally& tally) 
     return true;
   }
   // A SET writes the value the key does not hold, so every SET changes the key.
-  const std::size_t value = 1 - share.holds[index];
+  const std::size_t value = 1 - keys.holds[index];
   const std::span<const std::byte> bytes = share.values[value];
   if (kind == Kind::kDma) {
     Status stored = peer.expose_once
@@ -187,28 +194,28 @@ bool one_operation(Kind kind, bool get, Peer& peer, Share& share, Tally& tally) 
   tally.samples.record(Clock::now() - started);
   ++tally.operations;
   tally.bytes += bytes.size();
-  share.holds[index] = value;
+  keys.holds[index] = value;
   return true;
 }
 
 // Reads every key of `share` back with plain GET and counts the ones that do not hold the value
 // last written.
-void verify_share(Peer& peer, Share& share, Tally& tally) {
-  for (std::size_t index = 0; index < share.keys.size(); ++index) {
-    auto reply = peer.plain->command({"DMA.GETPLAIN", share.keys[index]});
+void verify_share(Peer& peer, Keys& keys, Share& share, Tally& tally) {
+  for (std::size_t index = 0; index < keys.names.size(); ++index) {
+    auto reply = peer.plain->command({"DMA.GETPLAIN", keys.names[index]});
     if (!reply) {
       ++tally.errors;
-      tally.problem("read-back GET " + share.keys[index] + ": " + reply.error().describe());
+      tally.problem("read-back GET " + keys.names[index] + ": " + reply.error().describe());
       return;
     }
-    const std::uint32_t expected = share.value_crcs[share.holds[index]];
+    const std::uint32_t expected = share.value_crcs[keys.holds[index]];
     const bool ok = (*reply)->type == REDIS_REPLY_STRING &&
                     (*reply)->len == share.landing.size() &&
                     crc32c(std::as_bytes(std::span<const char>((*reply)->str, (*reply)->len))) ==
                         expected;
     if (!ok) {
       ++tally.mismatches;
-      tally.problem("read-back of " + share.keys[index] + " after SET: not the value written");
+      tally.problem("read-back of " + keys.names[index] + " after SET: not the value written");
     }
   }
 }
@@ -234,7 +241,9 @@ double run_phase(Kind kind, bool get, std::span<Peer> peers, std::span<Share> sh
         if (!one_operation(kind, get, peers[client], shares[client], tallies[client])) break;
       } while (Clock::now() < deadline);
       last_done[client] = Clock::now();
-      if (!get) verify_share(peers[client], shares[client], tallies[client]);
+      if (!get) {
+        verify_share(peers[client], shares[client].keys(kind), shares[client], tallies[client]);
+      }
     });
   }
   const auto started = Clock::now();
@@ -252,7 +261,8 @@ std::string key_prefix(std::size_t size, std::size_t client) {
   return "dma-bench:" + format_size(size) + ":" + std::to_string(client) + ":";
 }
 
-// Builds the client's share of a case and seeds its keys with plain SET.
+// Builds the client's share of a case and seeds its keys: plain SET for the plain side's,
+// DMA.SETPLAIN for the DMA side's.
 Result<Share> make_share(Peer& peer, std::size_t size, std::size_t keys, std::size_t client,
                          std::uint32_t seed) {
   Share share;
@@ -262,9 +272,13 @@ Result<Share> make_share(Peer& peer, std::size_t size, std::size_t keys, std::si
     share.value_crcs.push_back(crc32c(share.values.back()));
   }
   for (std::size_t index = 0; index < keys; ++index) {
-    share.keys.push_back(key_prefix(size, client) + std::to_string(index));
-    share.holds.push_back(index % 2);
-    DMA_TRY(peer.plain->command({"SET", share.keys.back(), as_text(share.values[index % 2])}));
+    const auto& value = share.values[index % 2];
+    share.plain_keys.names.push_back(key_prefix(size, client) + "plain:" + std::to_string(index));
+    share.plain_keys.holds.push_back(index % 2);
+    DMA_TRY(peer.plain->command({"SET", share.plain_keys.names.back(), as_text(value)}));
+    share.dma_keys.names.push_back(key_prefix(size, client) + "dma:" + std::to_string(index));
+    share.dma_keys.holds.push_back(index % 2);
+    DMA_TRY(peer.plain->command({"DMA.SETPLAIN", share.dma_keys.names.back(), as_text(value)}));
   }
   if (peer.expose_once) {
     DMA_TRY_ASSIGN(share.landing_exposed,
@@ -278,7 +292,9 @@ Result<Share> make_share(Peer& peer, std::size_t size, std::size_t keys, std::si
 }
 
 Status delete_share(Peer& peer, const Share& share) {
-  for (const std::string& key : share.keys) DMA_TRY(peer.plain->command({"DEL", key}));
+  for (const Keys* keys : {&share.plain_keys, &share.dma_keys}) {
+    for (const std::string& key : keys->names) DMA_TRY(peer.plain->command({"DEL", key}));
+  }
   return {};
 }
 
@@ -369,22 +385,28 @@ Configuration client_configuration(const std::string& provider) {
   return configuration;
 }
 
-Result<std::unique_ptr<RedisServer>> start_server(const std::string& provider) {
+Result<std::unique_ptr<RedisServer>> start_server(const RedisOptions& options) {
   RedisServer::Options server_options;
-  server_options.module_arguments = {"providers", provider, "bind", "127.0.0.1"};
+  server_options.module_arguments = {"providers", options.provider, "bind", "127.0.0.1"};
+  if (options.inline_max) {
+    server_options.module_arguments.insert(server_options.module_arguments.end(),
+                                           {"inline-max", std::to_string(*options.inline_max)});
+  }
   return RedisServer::start(server_options);
 }
 
 Result<std::vector<Peer>> connect_peers(const std::string& host, int port,
-                                        const std::string& provider, std::size_t count,
-                                        bool expose_once) {
+                                        const RedisOptions& options, std::size_t count) {
   std::vector<Peer> peers;
+  Client::Options client_options;
+  client_options.timeout = kReplyTimeout;
+  if (options.inline_max) client_options.inline_max = *options.inline_max;
   for (std::size_t index = 0; index < count; ++index) {
     Peer peer;
-    DMA_TRY_ASSIGN(peer.dma, Client::connect(host, port, client_configuration(provider),
-                                             Client::Options{kReplyTimeout}));
+    DMA_TRY_ASSIGN(peer.dma, Client::connect(host, port, client_configuration(options.provider),
+                                             client_options));
     DMA_TRY(peer.dma->hello());
-    peer.expose_once = expose_once;
+    peer.expose_once = options.expose_once;
     DMA_TRY_ASSIGN(peer.plain, RedisConnection::open(host, port, kReplyTimeout));
     peers.push_back(std::move(peer));
   }
@@ -403,12 +425,12 @@ Result<Connected> connect_run(const RedisOptions& options, std::size_t count) {
   std::string host = options.host;
   int port = options.port;
   if (host.empty()) {
-    DMA_TRY_ASSIGN(connected.server, start_server(options.provider));
+    DMA_TRY_ASSIGN(connected.server, start_server(options));
     host = connected.server->host();
     port = connected.server->port();
   }
   DMA_TRY_ASSIGN(connected.peers,
-                 connect_peers(host, port, options.provider, count, options.expose_once));
+                 connect_peers(host, port, options, count));
   return connected;
 }
 
@@ -528,6 +550,10 @@ void add_redis_command(CLI::App& app, int* status) {
                       "once per case")
       ->capture_default_str()
       ->check(CLI::IsMember({"per-op", "once"}));
+  command->add_option("--inline-max", arguments->options.inline_max,
+                      "the module's inline-max and the clients' threshold: values up to it "
+                      "travel in the command or reply (0: every value over the fabric; default: "
+                      "the module's, " + std::to_string(kDefaultInlineMax) + ")");
   command->add_option("--memory-check", arguments->memory_check,
                       "instead of the cases: the server's RSS before and after N 4k DMA.GETs");
   command->callback([arguments, status] {

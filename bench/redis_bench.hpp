@@ -5,6 +5,7 @@
 
 #include <chrono>
 #include <cstddef>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -23,6 +24,8 @@ struct RedisOptions {
   // false: DMA through dma::Client, which exposes (registers) the buffer on every call; true:
   // the same commands with every buffer exposed once per case.
   bool expose_once = false;
+  // The module's inline-max and the clients' Options::inline_max; unset: the defaults.
+  std::optional<std::size_t> inline_max;
 };
 
 Result<std::vector<Case>> run_redis(const RedisOptions& options, Progress& progress);

@@ -68,6 +68,22 @@ Result<ParsedRegions> parse_regions(std::span<const std::string_view> fields) {
   return out;
 }
 
+Result<GetArguments> parse_get_arguments(std::span<const std::string_view> fields) {
+  GetArguments out;
+  if (!fields.empty() && equals_ignoring_case(fields[0], "INLINE")) {
+    if (fields.size() < 2) return fail(ErrorCode::kInvalidArgument, "INLINE needs a length");
+    auto most = parse_decimal(fields[1], "inline length");
+    if (!most) return fail(std::move(most).error());
+    out.inline_max = *most;
+    fields = fields.subspan(2);
+    if (fields.empty()) return out;
+  }
+  auto regions = parse_regions(fields);
+  if (!regions) return fail(std::move(regions).error());
+  out.regions = std::move(*regions);
+  return out;
+}
+
 Result<SetArguments> parse_set_arguments(std::span<const std::string_view> fields,
                                          std::size_t max_value_size) {
   if (fields.empty()) return fail(ErrorCode::kInvalidArgument, "missing length");

@@ -29,6 +29,7 @@ namespace dma::module {
 // The load arguments (`--loadmodule dma.so [name value]...`) are parsed by the library, next to
 // the TOML parser, from the one configuration schema (dma/configuration.hpp,
 // src/protocol/settings.hpp); the module names them here as it always has.
+using dma::kDefaultInlineMax;
 using dma::kDefaultMaxValueSize;
 using dma::ModuleOptions;
 using dma::parse_module_arguments;
@@ -44,6 +45,17 @@ Result<ParsedRegions> parse_regions(std::span<const std::string_view> fields);
 Result<std::uint32_t> parse_crc(std::string_view field);
 // ASCII case-insensitive equality, for keywords such as CRC.
 bool equals_ignoring_case(std::string_view left, std::string_view right);
+
+// DMA.GET's arguments after the key: [INLINE <max>] [<rkey> <addr> <len> ...]. Without INLINE
+// the regions are required and the value is always written into them. With INLINE a value of
+// at most `max` bytes (and the server's inline-max) comes back in the reply instead; a larger
+// one is written into the regions, or, if none were given, only its length and CRC are
+// answered (the client then knows what buffer to expose).
+struct GetArguments {
+  std::optional<std::uint64_t> inline_max;
+  ParsedRegions regions;  // empty only with INLINE
+};
+Result<GetArguments> parse_get_arguments(std::span<const std::string_view> fields);
 
 // DMA.SET's arguments after the key: <length> [CRC <crc32c>] <rkey> <addr> <len> ...
 struct SetArguments {
@@ -126,6 +138,8 @@ struct Counters {
   std::atomic<std::uint64_t> plain_string_copies{0};
   std::atomic<std::uint64_t> plain_gets{0};
   std::atomic<std::uint64_t> plain_sets{0};
+  // DMA.GETs answered in their reply (INLINE), not over the fabric (those count in `gets`).
+  std::atomic<std::uint64_t> inline_gets{0};
   // Command-to-completion latency of finished transfers, in microseconds.
   std::atomic<std::uint64_t> latency_total_us{0};
   std::atomic<std::uint64_t> latency_count{0};

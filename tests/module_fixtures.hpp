@@ -111,18 +111,22 @@ inline void expect_clean_log(const std::string& log) {
   }
 }
 
-// DMA.HELLO's reply, parsed: [<nonce-hex>, [<address-hex>...]].
+// DMA.HELLO's reply, parsed: [<nonce-hex>, [<address-hex>...], <inline-max>].
 struct Hello {
   std::vector<std::uint8_t> nonce;
   std::vector<std::vector<std::uint8_t>> addresses;
+  long long inline_max = 0;
 };
 inline Result<Hello> parse_hello(const Reply& reply) {
-  if (!reply || reply->type != REDIS_REPLY_ARRAY || reply->elements != 2 ||
+  if (!reply || reply->type != REDIS_REPLY_ARRAY || reply->elements != 3 ||
       reply->element[0]->type != REDIS_REPLY_STRING ||
-      reply->element[1]->type != REDIS_REPLY_ARRAY) {
-    return fail(ErrorCode::kInvalidArgument, "not [nonce, [addresses]]: " + error_of(reply));
+      reply->element[1]->type != REDIS_REPLY_ARRAY ||
+      reply->element[2]->type != REDIS_REPLY_INTEGER) {
+    return fail(ErrorCode::kInvalidArgument,
+                "not [nonce, [addresses], inline-max]: " + error_of(reply));
   }
   Hello hello;
+  hello.inline_max = reply->element[2]->integer;
   DMA_TRY_ASSIGN(hello.nonce,
                  hex_decode(std::string_view(reply->element[0]->str, reply->element[0]->len)));
   for (std::size_t index = 0; index < reply->element[1]->elements; ++index) {

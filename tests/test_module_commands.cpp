@@ -394,7 +394,8 @@ TEST_F(Module, info_reports_sessions_and_traffic) {
   // bytes moved.
   auto dma = client();
   ASSERT_TRUE(dma);
-  ASSERT_TRUE(dma->set("counted", pattern(1000, 5)));
+  // Above inline-max, so it crosses the fabric and counts as a transfer.
+  ASSERT_TRUE(dma->set("counted", pattern(module::kDefaultInlineMax + 1000, 5)));
   Connection connection(port());
   Reply info = connection.command({"INFO", "dma"});
   ASSERT_TRUE(info);

@@ -33,6 +33,36 @@ TEST(ModuleCore, load_arguments_parse_into_the_configuration) {
   EXPECT_EQ(module::kDefaultMaxValueSize, module::parse_module_arguments({})->max_value_size);
 }
 
+TEST(ModuleCore, get_arguments_take_inline_with_or_without_regions_and_regions_alone) {
+  // If this fails, DMA.GET's INLINE form is refused or misread (a client asking for an inline
+  // answer gets a transfer, or regions are lost), or inline-max is not a load argument.
+  using Fields = std::vector<std::string_view>;
+  auto regions_only = module::parse_get_arguments(Fields{"7", "4096", "100"});
+  ASSERT_TRUE(regions_only) << regions_only.error().describe();
+  EXPECT_FALSE(regions_only->inline_max);
+  EXPECT_EQ(100u, regions_only->regions.capacity);
+  auto inline_only = module::parse_get_arguments(Fields{"inline", "16384"});
+  ASSERT_TRUE(inline_only) << inline_only.error().describe();
+  EXPECT_EQ(16384u, inline_only->inline_max.value_or(0));
+  EXPECT_TRUE(inline_only->regions.regions.empty());
+  auto both = module::parse_get_arguments(Fields{"INLINE", "0", "7", "4096", "100", "8", "0", "5"});
+  ASSERT_TRUE(both) << both.error().describe();
+  EXPECT_EQ(0u, both->inline_max.value_or(1));
+  EXPECT_EQ(2u, both->regions.regions.size());
+  EXPECT_EQ(105u, both->regions.capacity);
+  EXPECT_FALSE(module::parse_get_arguments(Fields{}));
+  EXPECT_FALSE(module::parse_get_arguments(Fields{"INLINE"}));
+  EXPECT_FALSE(module::parse_get_arguments(Fields{"INLINE", "-1"}));
+  EXPECT_FALSE(module::parse_get_arguments(Fields{"INLINE", "1", "7", "4096"}));
+  const std::vector<std::string> off = {"inline-max", "0"};
+  const std::vector<std::string> too_large = {"inline-max", std::to_string(kMaxInlineMax + 1)};
+  auto options = module::parse_module_arguments(off);
+  ASSERT_TRUE(options) << options.error().describe();
+  EXPECT_EQ(0u, options->inline_max);
+  EXPECT_EQ(module::kDefaultInlineMax, module::parse_module_arguments({})->inline_max);
+  EXPECT_FALSE(module::parse_module_arguments(too_large));
+}
+
 TEST(ModuleCore, an_unknown_argument_is_named_without_letting_it_forge_a_log_line) {
   // If this fails, a module argument holding a newline writes a line of its own into the
   // server's log (the error is logged at load time).

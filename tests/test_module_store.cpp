@@ -258,7 +258,9 @@ TEST(ModuleStore, with_always_register_operands_a_steady_workload_makes_no_regis
   // their operands (fi_mr_reg: 300-500 us on efa) instead of using the arena's registration.
   auto server = start_server({"always-register-operands", "true"});
   ASSERT_TRUE(server);
-  auto made = Client::connect("127.0.0.1", server->port(), loopback("tcp"));
+  Client::Options fabric_only;
+  fabric_only.inline_max = 0;  // every value over the fabric, small ones included
+  auto made = Client::connect("127.0.0.1", server->port(), loopback("tcp"), fabric_only);
   ASSERT_TRUE(made && (*made)->hello());
   auto& dma = *made;
   Connection plain(server->port());

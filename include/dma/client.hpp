@@ -59,6 +59,11 @@ class DMA_EXPORT Client {
     // from the server they wait for (4 clients on 2 cores: DMA.GET 4 KiB over shm fell from
     // 0.40x to 0.03x of GET; docs/PERFORMANCE.md).
     bool busy_poll = false;
+    // Values of at most this many bytes travel in the command or its reply instead of over the
+    // fabric (DMA.GET ... INLINE, DMA.SETPLAIN): below it a round trip on the socket is cheaper
+    // than exposing a buffer and a one-sided transfer (docs/PERFORMANCE.md, "Inline values").
+    // The smaller of this and the server's inline-max (from DMA.HELLO) applies; 0: never.
+    std::size_t inline_max = kDefaultInlineMax;
   };
   // Connects to host:port and opens a Target with `configuration` (the providers must match the
   // server's). Does not say hello: call hello() before get() or set().
@@ -77,21 +82,33 @@ class DMA_EXPORT Client {
   // connection; after a failure the connection may try again.
   Status hello();
 
-  // DMA.GET into `buffer`: the value's length, or nullopt if the key does not exist. Fails if
-  // the buffer is too small, and with kCorrupted if the bytes that landed do not match the
-  // server's CRC32C.
+  // DMA.GET into `buffer`: the value's length, or nullopt if the key does not exist. Fails
+  // (kInvalidArgument, naming both sizes, nothing written) if the buffer is too small, and with
+  // kCorrupted if the bytes that landed do not match the server's CRC32C. A buffer of at most
+  // inline_max bytes is never exposed: the value comes in the reply.
   Result<std::optional<std::size_t>> get(std::string_view key, std::span<std::byte> buffer);
-  // DMA.SET of `value`, with its CRC32C so the server refuses bytes that arrive damaged.
+  // The whole value in memory this call allocates, or nullopt if the key does not exist: one
+  // round trip for a value of at most inline_max bytes, else one to learn the length and one
+  // to transfer (retried if the value changed size in between, up to three times).
+  Result<std::optional<std::vector<std::byte>>> get(std::string_view key);
+  // The value's length, or nullopt if the key does not exist; nothing is transferred.
+  Result<std::optional<std::size_t>> length(std::string_view key);
+  // DMA.SET of `value`, with its CRC32C so the server refuses bytes that arrive damaged (a value
+  // of at most inline_max bytes goes in the command, DMA.SETPLAIN, with the same check).
   Status set(std::string_view key, std::span<const std::byte> value);
 
   // The same with buffers the caller exposed on target() and keeps exposed across calls: the
   // calls above register their buffer every time, which costs more than a small transfer
   // (docs/PERFORMANCE.md). get() lands in all of `landing`; set() sends its first `length`
   // bytes. The caller must not touch the buffer while a call is in progress, and may once it
-  // returns (both calls synchronize with the target's progress, Target::synchronize()).
+  // returns (both calls synchronize with the target's progress, Target::synchronize()). Values
+  // of at most inline_max bytes still travel inline, copied into or out of the buffer.
   Result<std::optional<std::size_t>> get(std::string_view key, const Exposed& landing);
   Status set(std::string_view key, const Exposed& value, std::size_t length);
 
+  // The largest value that travels inline: Options::inline_max capped by the server's
+  // inline-max, known after hello() (0 before).
+  std::size_t inline_max() const noexcept { return inline_max_; }
   // The server's endpoint addresses from hello(), and this client's target.
   const std::vector<std::vector<std::uint8_t>>& server_addresses() const noexcept {
     return server_addresses_;
@@ -99,11 +116,26 @@ class DMA_EXPORT Client {
   Target& target() noexcept { return *target_; }
 
  private:
-  Client(redisContext* connection, std::unique_ptr<Target> target, bool busy_poll);
+  Client(redisContext* connection, std::unique_ptr<Target> target, Options options);
+  // DMA.GET <key> INLINE <most> [the whole of `landing`]: the reply, checked.
+  struct Answer {
+    std::uint64_t length = 0;
+    std::uint32_t crc = 0;
+    std::optional<std::span<const std::byte>> bytes;  // inline: in `reply`
+    redis::Reply reply;
+  };
+  Result<std::optional<Answer>> get_inline(std::string_view key, std::size_t most,
+                                           const Exposed* landing);
+  Status set_inline(std::string_view key, std::span<const std::byte> value);
+  // After a DMA.GET's write into `landing`: waits for it and checks its CRC32C.
+  Result<std::optional<std::size_t>> check_landed(const Exposed& landing, std::uint64_t length,
+                                                  std::uint32_t crc);
   // A Busy token when busy_poll is on, else an empty one.
   Target::Busy busy();
   redisContext* connection_;
   bool busy_poll_;
+  std::size_t inline_wanted_;  // Options::inline_max
+  std::size_t inline_max_ = 0;
   std::unique_ptr<Target> target_;
   std::vector<std::vector<std::uint8_t>> server_addresses_;
 };

@@ -69,6 +69,11 @@ inline constexpr std::size_t kDefaultMaxValueSize = std::size_t{512} << 20;
 // The value store's reservation (module argument arena-bytes): default and least.
 inline constexpr std::size_t kDefaultArenaBytes = std::size_t{1} << 30;
 inline constexpr std::size_t kMinArenaBytes = std::size_t{16} << 20;
+// Values up to this many bytes go in the command's reply rather than over the fabric when the
+// client asks (DMA.GET ... INLINE) and are set with DMA.SETPLAIN by dma::Client (module
+// argument inline-max; 0: never). Default and most: docs/PERFORMANCE.md, "Inline values".
+inline constexpr std::size_t kDefaultInlineMax = std::size_t{16} << 10;
+inline constexpr std::size_t kMaxInlineMax = std::size_t{4} << 20;
 
 // What the Redis module's load arguments (`--loadmodule dma.so [name value]...`) configure.
 struct ModuleOptions {
@@ -79,6 +84,8 @@ struct ModuleOptions {
   std::size_t max_value_size = kDefaultMaxValueSize;
   // Bytes reserved for stored values, registered once on every service.
   std::size_t arena_bytes = kDefaultArenaBytes;
+  // Largest value answered inline (in a DMA.GET's reply); 0: never.
+  std::size_t inline_max = kDefaultInlineMax;
 };
 
 // Parses the module's load arguments as name/value pairs: every Configuration field under its

@@ -2,6 +2,7 @@
 
 #include <hiredis/hiredis.h>
 
+#include <algorithm>
 #include <cstring>
 
 #include "dma/protocol.hpp"
@@ -92,8 +93,11 @@ Result<Reply> command(redisContext* connection, std::initializer_list<std::strin
 
 }  // namespace redis
 
-Client::Client(redisContext* connection, std::unique_ptr<Target> target, bool busy_poll)
-    : connection_(connection), busy_poll_(busy_poll), target_(std::move(target)) {}
+Client::Client(redisContext* connection, std::unique_ptr<Target> target, Options options)
+    : connection_(connection),
+      busy_poll_(options.busy_poll),
+      inline_wanted_(options.inline_max),
+      target_(std::move(target)) {}
 
 Target::Busy Client::busy() { return busy_poll_ ? target_->busy() : Target::Busy(); }
 
@@ -125,20 +129,25 @@ Result<std::unique_ptr<Client>> Client::connect(const std::string& host, int por
     redisFree(connection);
     return fail(std::move(target).error());
   }
-  return std::unique_ptr<Client>(new Client(connection, std::move(*target), options.busy_poll));
+  return std::unique_ptr<Client>(new Client(connection, std::move(*target), options));
 }
 
 Status Client::hello() {
   DMA_TRY_ASSIGN(const auto reply,
                  run(connection_, {"DMA.HELLO", hex_encode(target_->local_address())}));
-  // [<nonce-hex>, [<server-address-hex>, ...]]
+  // [<nonce-hex>, [<server-address-hex>, ...], <inline-max>]; a server without inline values
+  // answers the first two only.
   const redisReply& answer = *reply;
-  if (answer.type != REDIS_REPLY_ARRAY || answer.elements != 2 ||
+  if (answer.type != REDIS_REPLY_ARRAY || (answer.elements != 2 && answer.elements != 3) ||
       answer.element[0]->type != REDIS_REPLY_STRING ||
-      answer.element[1]->type != REDIS_REPLY_ARRAY || answer.element[1]->elements == 0) {
+      answer.element[1]->type != REDIS_REPLY_ARRAY || answer.element[1]->elements == 0 ||
+      (answer.elements == 3 &&
+       (answer.element[2]->type != REDIS_REPLY_INTEGER || answer.element[2]->integer < 0))) {
     return fail(ErrorCode::kInvalidArgument,
-                "DMA.HELLO returned something other than [nonce, [server addresses]]");
+                "DMA.HELLO returned something other than [nonce, [server addresses], inline-max]");
   }
+  const std::size_t server_inline =
+      answer.elements == 3 ? static_cast<std::size_t>(answer.element[2]->integer) : 0;
   DMA_TRY_ASSIGN(const auto nonce,
                  hex_decode(std::string_view(answer.element[0]->str, answer.element[0]->len)));
   if (nonce.empty()) return fail(ErrorCode::kInvalidArgument, "DMA.HELLO returned an empty nonce");
@@ -171,15 +180,112 @@ Status Client::hello() {
     return fail(ErrorCode::kInvalidArgument, "DMA.PROVE returned something other than OK");
   }
   server_addresses_ = std::move(addresses);
+  inline_max_ = std::min(inline_wanted_, server_inline);
   return {};
+}
+
+Result<std::optional<Client::Answer>> Client::get_inline(std::string_view key, std::size_t most,
+                                                         const Exposed* landing) {
+  std::vector<std::string> arguments{"DMA.GET", std::string(key), "INLINE", std::to_string(most)};
+  if (landing != nullptr) arguments = with_region(std::move(arguments), *landing);
+  auto reply = [&] {
+    // Only a transfer into `landing` needs the target's progress before the reply.
+    const Target::Busy busy = landing != nullptr ? this->busy() : Target::Busy();
+    return run(connection_, arguments);
+  }();
+  if (!reply) return fail(std::move(reply).error());
+  const redisReply& got = **reply;
+  if (got.type == REDIS_REPLY_NIL) return std::optional<Answer>();
+  // [length, crc32c] or, inline, [length, crc32c, bytes].
+  if (got.type != REDIS_REPLY_ARRAY || (got.elements != 2 && got.elements != 3) ||
+      got.element[0]->type != REDIS_REPLY_INTEGER || got.element[0]->integer < 0 ||
+      got.element[1]->type != REDIS_REPLY_INTEGER || got.element[1]->integer < 0 ||
+      got.element[1]->integer > 0xffffffffLL ||
+      (got.elements == 3 && (got.element[2]->type != REDIS_REPLY_STRING ||
+                             got.element[2]->len != static_cast<std::size_t>(
+                                                        got.element[0]->integer)))) {
+    return fail(ErrorCode::kInvalidArgument,
+                "DMA.GET returned something other than [length, crc32c] or [length, crc32c, "
+                "bytes]");
+  }
+  Answer answer;
+  answer.length = static_cast<std::uint64_t>(got.element[0]->integer);
+  answer.crc = static_cast<std::uint32_t>(got.element[1]->integer);
+  if (got.elements == 3) {
+    answer.bytes = std::as_bytes(std::span<const char>(got.element[2]->str, got.element[2]->len));
+    const std::uint32_t carried = crc32c(*answer.bytes);
+    if (carried != answer.crc) {
+      return fail(ErrorCode::kCorrupted, "DMA.GET: the bytes in the reply have CRC32C " +
+                                             std::to_string(carried) + ", the server sent " +
+                                             std::to_string(answer.crc));
+    }
+  }
+  answer.reply = std::move(*reply);
+  return std::optional<Answer>(std::move(answer));
+}
+
+Status Client::set_inline(std::string_view key, std::span<const std::byte> value) {
+  const std::uint32_t crc = crc32c(value);
+  const std::string crc_text = std::to_string(crc);
+  const std::string_view bytes(reinterpret_cast<const char*>(value.data()), value.size());
+  const std::string_view arguments[] = {"DMA.SETPLAIN", key, bytes, "CRC", crc_text};
+  DMA_TRY_ASSIGN(const auto reply, redis::command(connection_, arguments));
+  DMA_TRY_ASSIGN(const auto answer, length_and_crc(*reply, "DMA.SETPLAIN"));
+  if (answer.first != value.size() || answer.second != crc) {
+    return fail(ErrorCode::kCorrupted,
+                "DMA.SETPLAIN: the server stored a different length or CRC32C");
+  }
+  return {};
+}
+
+Result<std::optional<std::size_t>> Client::length(std::string_view key) {
+  DMA_TRY_ASSIGN(auto answer, get_inline(key, 0, nullptr));
+  if (!answer) return std::optional<std::size_t>();
+  return std::optional<std::size_t>(answer->length);
+}
+
+Result<std::optional<std::vector<std::byte>>> Client::get(std::string_view key) {
+  DMA_TRY_ASSIGN(auto answer, get_inline(key, inline_max_, nullptr));
+  for (int attempt = 0;; ++attempt) {
+    if (!answer) return std::optional<std::vector<std::byte>>();
+    if (answer->bytes) {
+      return std::optional<std::vector<std::byte>>(
+          std::vector<std::byte>(answer->bytes->begin(), answer->bytes->end()));
+    }
+    std::vector<std::byte> value(answer->length);
+    auto got = get(key, std::span<std::byte>(value));
+    if (got) {
+      if (!*got) return std::optional<std::vector<std::byte>>();
+      value.resize(**got);
+      return std::optional<std::vector<std::byte>>(std::move(value));
+    }
+    // The value may have grown since its length was read: look again, and give up if it did
+    // not change or after three tries.
+    const std::uint64_t was = answer->length;
+    DMA_TRY_ASSIGN(answer, get_inline(key, inline_max_, nullptr));
+    if (attempt == 2 || (answer && !answer->bytes && answer->length == was)) {
+      return fail(std::move(got).error());
+    }
+  }
 }
 
 Result<std::optional<std::size_t>> Client::get(std::string_view key,
                                                std::span<std::byte> buffer) {
-  // An empty buffer still needs a region to advertise; a one-byte spare stands in for it.
-  std::byte spare{};
-  std::span<std::byte> landing = buffer.empty() ? std::span<std::byte>(&spare, 1) : buffer;
-  DMA_TRY_ASSIGN(const Exposed exposed, target_->expose(landing.data(), landing.size()));
+  if (buffer.size() <= inline_max_) {
+    DMA_TRY_ASSIGN(const auto answer, get_inline(key, buffer.size(), nullptr));
+    if (!answer) return std::optional<std::size_t>();
+    if (!answer->bytes) {
+      return fail(ErrorCode::kInvalidArgument,
+                  "DMA.GET: the value is " + std::to_string(answer->length) +
+                      " bytes, the buffer holds " + std::to_string(buffer.size()));
+    }
+    if (!answer->bytes->empty()) {
+      std::memcpy(buffer.data(), answer->bytes->data(), answer->bytes->size());
+    }
+    return std::optional<std::size_t>(answer->bytes->size());
+  }
+  // Here the buffer is not empty (an empty one always goes inline).
+  DMA_TRY_ASSIGN(const Exposed exposed, target_->expose(buffer.data(), buffer.size()));
   auto got = get(key, exposed);
   if (got && *got && **got > buffer.size()) {
     return fail(ErrorCode::kInvalidArgument, "DMA.GET reported more bytes than the buffer holds");
@@ -188,6 +294,22 @@ Result<std::optional<std::size_t>> Client::get(std::string_view key,
 }
 
 Result<std::optional<std::size_t>> Client::get(std::string_view key, const Exposed& landing) {
+  if (inline_max_ != 0) {
+    // Inline if the value fits both; otherwise the server writes it into `landing`.
+    DMA_TRY_ASSIGN(const auto answer,
+                   get_inline(key, std::min(inline_max_, landing.length()), &landing));
+    if (!answer) return std::optional<std::size_t>();
+    if (answer->length > landing.length()) {
+      return fail(ErrorCode::kInvalidArgument, "DMA.GET reported more bytes than the buffer holds");
+    }
+    if (answer->bytes) {
+      if (!answer->bytes->empty()) {
+        std::memcpy(landing.data(), answer->bytes->data(), answer->bytes->size());
+      }
+      return std::optional<std::size_t>(answer->length);
+    }
+    return check_landed(landing, answer->length, answer->crc);
+  }
   Target::Busy busy = this->busy();  // the server writes into `landing` before replying
   DMA_TRY_ASSIGN(const auto reply,
                  run(connection_, with_region({"DMA.GET", std::string(key)}, landing)));
@@ -198,6 +320,11 @@ Result<std::optional<std::size_t>> Client::get(std::string_view key, const Expos
   if (length > landing.length()) {
     return fail(ErrorCode::kInvalidArgument, "DMA.GET reported more bytes than the buffer holds");
   }
+  return check_landed(landing, length, crc);
+}
+
+Result<std::optional<std::size_t>> Client::check_landed(const Exposed& landing,
+                                                        std::uint64_t length, std::uint32_t crc) {
   target_->synchronize();  // the server's write before our reads
   const std::uint32_t landed = crc32c(std::span<const std::byte>(landing.data(), length));
   if (landed != crc) {
@@ -209,10 +336,11 @@ Result<std::optional<std::size_t>> Client::get(std::string_view key, const Expos
 }
 
 Status Client::set(std::string_view key, std::span<const std::byte> value) {
-  std::byte spare{};
-  // The server only reads this memory; Target::expose wants a mutable pointer.
-  void* data = value.empty() ? &spare : const_cast<std::byte*>(value.data());
-  DMA_TRY_ASSIGN(const Exposed exposed, target_->expose(data, value.empty() ? 1 : value.size()));
+  if (value.size() <= inline_max_) return set_inline(key, value);
+  // Here the value is not empty (an empty one always goes inline). The server only reads this
+  // memory; Target::expose wants a mutable pointer.
+  DMA_TRY_ASSIGN(const Exposed exposed,
+                 target_->expose(const_cast<std::byte*>(value.data()), value.size()));
   return set(key, exposed, value.size());
 }
 
@@ -221,6 +349,9 @@ Status Client::set(std::string_view key, const Exposed& value, std::size_t lengt
     return fail(ErrorCode::kInvalidArgument,
                 "DMA.SET of " + std::to_string(length) + " bytes from an exposed buffer of " +
                     std::to_string(value.length()));
+  }
+  if (length <= inline_max_) {
+    return set_inline(key, std::span<const std::byte>(value.data(), length));
   }
   target_->synchronize();  // the caller's writes to the buffer before the server's read
   const std::uint32_t crc = crc32c(std::span<const std::byte>(value.data(), length));

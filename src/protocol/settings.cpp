@@ -75,7 +75,7 @@ const std::array<Setting<Configuration>, 9> kConfigurationSettings{{
      "largest single RMA posted; larger pieces are split; 0: the provider's max_msg_size"},
 }};
 
-const std::array<Setting<ModuleOptions>, 3> kModuleSettings{{
+const std::array<Setting<ModuleOptions>, 4> kModuleSettings{{
     {"", "services-per-domain", Kind::kInteger, 1, kMaxServicesPerDomain,
      [](ModuleOptions& o, Value&& v) { o.services_per_domain = number_of(v); },
      [](const ModuleOptions& o) { return std::to_string(o.services_per_domain); },
@@ -89,6 +89,11 @@ const std::array<Setting<ModuleOptions>, 3> kModuleSettings{{
      [](const ModuleOptions& o) { return std::to_string(o.arena_bytes); },
      "memory reserved at load for the values DMA.SET stores, registered once on every "
      "endpoint (pinned on verbs and efa); a SET that does not fit is refused naming it"},
+    {"", "inline-max", Kind::kInteger, 0, kMaxInlineMax,
+     [](ModuleOptions& o, Value&& v) { o.inline_max = number_of(v); },
+     [](const ModuleOptions& o) { return std::to_string(o.inline_max); },
+     "largest value a DMA.GET ... INLINE answers in its reply (dma::Client also sets values "
+     "up to it with DMA.SETPLAIN); 0: every value goes over the fabric"},
 }};
 
 std::string_view kind_name(Kind kind) {

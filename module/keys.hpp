@@ -1,0 +1,55 @@
+// RAII over the server's key and string handles, and what a key holds for the value commands.
+//
+// Ownership: an OpenedKey closes its key, an OwnedString frees its string with the context it
+// was made in. Thread-safety: main thread only (the server's handles are).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string_view>
+
+#include "dma/result.hpp"
+#include "redis_module_api.h"
+#include "store/arena.hpp"
+
+namespace dma::module {
+
+struct KeyCloser {
+  void operator()(RedisModuleKey* key) const noexcept { RedisModule_CloseKey(key); }
+};
+using OpenedKey = std::unique_ptr<RedisModuleKey, KeyCloser>;
+
+inline OpenedKey open_key(RedisModuleCtx* ctx, RedisModuleString* name, int mode) {
+  return OpenedKey(static_cast<RedisModuleKey*>(RedisModule_OpenKey(ctx, name, mode)));
+}
+
+// A string the module created, freed with the context it was made in.
+class OwnedString {
+ public:
+  OwnedString(RedisModuleCtx* ctx, std::string_view text)
+      : ctx_(ctx), string_(RedisModule_CreateString(ctx, text.data(), text.size())) {}
+  ~OwnedString() { RedisModule_FreeString(ctx_, string_); }
+  OwnedString(const OwnedString&) = delete;
+  OwnedString& operator=(const OwnedString&) = delete;
+  RedisModuleString* get() const noexcept { return string_; }
+
+ private:
+  RedisModuleCtx* ctx_;
+  RedisModuleString* string_;
+};
+
+// What a key holds, for the commands that read values.
+struct HeldValue {
+  enum class Kind : std::uint8_t { kMissing, kStored, kString, kOtherType };
+  Kind kind = Kind::kMissing;
+  store::Block stored;              // kStored: a reference on the key's block
+  std::span<const std::byte> text;  // kString: the string's bytes, valid while the key is open
+};
+HeldValue held_by(RedisModuleKey* key);
+
+// Makes `block` the value of `name` (a new reference for the key; whatever it held goes, its
+// expiry with it, as with SET).
+Status store_value(RedisModuleCtx* ctx, RedisModuleString* name, const store::Block& block);
+
+}  // namespace dma::module
