@@ -7,6 +7,7 @@
 #include "dma/memory.hpp"
 #include "dma/protocol.hpp"
 #include "state.hpp"
+#include "transfer.hpp"
 
 namespace dma::module {
 namespace {
@@ -107,6 +108,9 @@ void on_info(RedisModuleInfoCtx* ctx, int /*for_crash_report*/) {
   RedisModule_InfoAddFieldULongLong(ctx, "inline_gets",
                                     counters.inline_gets.load(std::memory_order_relaxed));
   RedisModule_InfoAddFieldULongLong(ctx, "inline_max", state->options.inline_max);
+  // Transfer contexts taken from the heap (not the free list) since load: flat in steady state.
+  RedisModule_InfoAddFieldULongLong(ctx, "context_allocations",
+                                    TransferContext::context_allocations());
 }
 
 }  // namespace dma::module

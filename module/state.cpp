@@ -52,9 +52,9 @@ void refuse_session(std::uint64_t client_id) {
   if (state->services) state->services->remove_peer(client_id);
 }
 
-std::vector<std::string_view> fields_of(RedisModuleString** argv, int from, int argc) {
-  std::vector<std::string_view> fields;
-  fields.reserve(static_cast<std::size_t>(argc - from));
+std::span<const std::string_view> fields_of(RedisModuleString** argv, int from, int argc) {
+  static std::vector<std::string_view> fields;
+  fields.clear();
   for (int index = from; index < argc; ++index) fields.push_back(view_of(argv[index]));
   return fields;
 }

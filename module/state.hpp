@@ -11,6 +11,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -41,8 +42,10 @@ extern State* state;
 inline constexpr int kValueEncoding = 1;
 
 std::string_view view_of(RedisModuleString* string);
-// argv[from, argc) as views (valid while the command runs).
-std::vector<std::string_view> fields_of(RedisModuleString** argv, int from, int argc);
+// argv[from, argc) as views, valid while the command runs and until the next call (one vector
+// reused for every command, so parsing a transfer's arguments allocates nothing once it has
+// grown; main thread only).
+std::span<const std::string_view> fields_of(RedisModuleString** argv, int from, int argc);
 
 // The one adapter from an Error to an error reply ("ERR <kind>: <message>").
 int reply_error(RedisModuleCtx* ctx, const Error& error);

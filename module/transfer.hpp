@@ -11,16 +11,21 @@
 //
 // Ownership: the service owns the context while the transfer runs, then the server, as the
 // blocked client's private data, until its free callback; whoever destroys it drops the
-// reference. Thread-safety: touched by one thread at a time, handed over through the service
+// reference. Contexts come from a free list (class operator new/delete), and a SET's key of up
+// to kInlineKey bytes lives inside the context, so a steady stream of transfers allocates
+// nothing here; context_allocations() counts the contexts ever taken from the heap. Thread-safety: touched by one thread at a time, handed over through the service
 // (main thread -> worker -> main thread).
 #pragma once
 
+#include <array>
 #include <chrono>
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <optional>
 #include <span>
 #include <string>
+#include <string_view>
 #include <utility>
 
 #include "dma/service.hpp"
@@ -35,18 +40,29 @@ class TransferContext : public Operands {
   // transfer computes none; else (a copy of a plain string) the service computes it.
   static std::unique_ptr<TransferContext> for_get(store::Block block, bool crc_known);
   // A SET into `key` of `landing`'s length, checked against `crc` when given.
-  static std::unique_ptr<TransferContext> for_set(std::string key, store::Block landing,
+  static std::unique_ptr<TransferContext> for_set(std::string_view key, store::Block landing,
                                                   std::optional<std::uint32_t> crc);
   // The read of `client_id`'s proof into `landing` (kNonceBytes long).
   static std::unique_ptr<TransferContext> for_proof(std::uint64_t client_id,
                                                     store::Block landing);
+
+  static void* operator new(std::size_t size);
+  static void operator delete(void* memory, std::size_t size) noexcept;
+  // Contexts allocated from the heap since load (the free list was empty), and the free list's
+  // cap: a steady workload stops raising the first.
+  static std::uint64_t context_allocations() noexcept;
+  static constexpr std::size_t kFreeListCap = 4096;
+  static constexpr std::size_t kInlineKey = 64;
 
   std::span<const std::byte> source() override;
   std::span<std::byte> allocate(std::size_t length) override;
   std::optional<CacheableSpan> cacheable_span() override;
 
   Kind kind() const noexcept { return kind_; }
-  const std::string& key() const noexcept { return key_; }
+  std::string_view key() const noexcept {
+    return key_size_ <= kInlineKey ? std::string_view(key_inline_.data(), key_size_)
+                                   : std::string_view(key_long_);
+  }
   std::optional<std::uint32_t> expected_crc() const noexcept { return expected_crc_; }
   bool crc_known() const noexcept { return crc_known_; }
   // The block the bytes are sent from or land in (empty in an early answer).
@@ -74,13 +90,14 @@ class TransferContext : public Operands {
   void on_expired(const Error& error) override;
 
  private:
-  TransferContext(Kind kind, std::string key, store::Block block,
-                  std::optional<std::uint32_t> crc)
-      : kind_(kind), key_(std::move(key)), expected_crc_(crc), block_(std::move(block)) {}
+  TransferContext(Kind kind, std::string_view key, store::Block block,
+                  std::optional<std::uint32_t> crc);
   Kind kind_;
   bool crc_known_ = false;
   std::uint64_t client_id_ = 0;
-  std::string key_;
+  std::size_t key_size_ = 0;
+  std::array<char, kInlineKey> key_inline_;
+  std::string key_long_;  // a key longer than kInlineKey
   std::optional<std::uint32_t> expected_crc_;
   store::Block block_;
 };

@@ -132,7 +132,7 @@ int set_command(RedisModuleCtx* ctx, RedisModuleString** argv, int argc) {
     state->counters.errors.fetch_add(1, std::memory_order_relaxed);
     return reply_error(ctx, landing.error());
   }
-  auto context = TransferContext::for_set(std::string(view_of(argv[1])), std::move(*landing),
+  auto context = TransferContext::for_set(view_of(argv[1]), std::move(*landing),
                                           arguments->crc);
   TransferRequest request;
   request.client_id = client_id;

@@ -253,9 +253,10 @@ TEST_F(ModuleStorePersistence, an_aof_rewrite_replays_every_value_on_restart) {
   expect_clean_log(server->log());
 }
 
-TEST(ModuleStore, with_always_register_operands_a_steady_workload_makes_no_registration) {
+TEST(ModuleStore, with_always_register_operands_a_steady_workload_makes_no_registration_and_no_context_allocation) {
   // If this fails, on a provider that needs local registration (efa, verbs) transfers register
-  // their operands (fi_mr_reg: 300-500 us on efa) instead of using the arena's registration.
+  // their operands (fi_mr_reg: 300-500 us on efa) instead of using the arena's registration, or
+  // every transfer takes its context from the heap instead of the free list.
   auto server = start_server({"always-register-operands", "true"});
   ASSERT_TRUE(server);
   Client::Options fabric_only;
@@ -277,7 +278,10 @@ TEST(ModuleStore, with_always_register_operands_a_steady_workload_makes_no_regis
   run(8);  // warm-up
   const long long registrations = info_field(plain, "registrations");
   const long long transfers = info_field(plain, "transfers");
+  const long long contexts = info_field(plain, "context_allocations");
   run(60);
+  EXPECT_EQ(contexts, info_field(plain, "context_allocations"))
+      << "transfer contexts were allocated in steady state";
   EXPECT_EQ(transfers + 120, info_field(plain, "transfers"));
   EXPECT_EQ(registrations, info_field(plain, "registrations"))
       << "transfers registered memory in steady state";

@@ -4,7 +4,6 @@
 
 #include <condition_variable>
 #include <cstdio>
-#include <deque>
 #include <mutex>
 #include <string>
 #include <system_error>
@@ -13,6 +12,39 @@
 #include <vector>
 
 namespace dma {
+
+// A FIFO of jobs in a ring that only grows: a std::deque allocates and frees a chunk every few
+// jobs, and the CRC pool takes a job per checksum batch, so a steady stream would allocate on
+// every transfer's path. Not thread-safe (the pool's mutex guards it).
+class JobQueue {
+ public:
+  bool empty() const noexcept { return count_ == 0; }
+  void push(std::function<void()> job) {
+    if (count_ == slots_.size()) grow();
+    slots_[(head_ + count_) % slots_.size()] = std::move(job);
+    ++count_;
+  }
+  std::function<void()> pop() {
+    std::function<void()> job = std::move(slots_[head_]);
+    slots_[head_] = nullptr;
+    head_ = (head_ + 1) % slots_.size();
+    --count_;
+    return job;
+  }
+
+ private:
+  void grow() {
+    std::vector<std::function<void()>> larger(slots_.empty() ? 16 : 2 * slots_.size());
+    for (std::size_t index = 0; index < count_; ++index) {
+      larger[index] = std::move(slots_[(head_ + index) % slots_.size()]);
+    }
+    slots_.swap(larger);
+    head_ = 0;
+  }
+  std::vector<std::function<void()>> slots_;
+  std::size_t head_ = 0;
+  std::size_t count_ = 0;
+};
 
 // Owned by its Pool; the threads borrow it, and the Pool joins them before it goes away.
 struct Pool::State {
@@ -29,8 +61,7 @@ struct Pool::State {
     while (true) {
       ready.wait(lock, [this] { return stopping || !jobs.empty(); });
       if (jobs.empty()) return;  // stopping, and nothing left to drain
-      std::function<void()> job = std::move(jobs.front());
-      jobs.pop_front();
+      std::function<void()> job = jobs.pop();
       lock.unlock();
       // A job that throws ends the process through std::terminate, as on any std::thread: jobs
       // report failure through what they capture, never by unwinding into the pool.
@@ -55,7 +86,7 @@ struct Pool::State {
   const std::size_t thread_count;
   std::mutex mutex;
   std::condition_variable ready;
-  std::deque<std::function<void()>> jobs;  // guarded by mutex
+  JobQueue jobs;                           // guarded by mutex
   bool stopping = false;                   // guarded by mutex
   std::vector<std::thread> threads;        // touched only by create() and the destructor
 };
@@ -88,7 +119,7 @@ void Pool::post(std::function<void()> job) {
   if (!job) return;
   {
     std::lock_guard lock(state_->mutex);
-    state_->jobs.push_back(std::move(job));
+    state_->jobs.push(std::move(job));
   }
   state_->ready.notify_one();
 }

@@ -47,32 +47,47 @@ void Delivery::deliver_now() {
 }
 
 void Delivery::dispatch_checksums() {
+  ChecksumJob* job = nullptr;
   {
     std::lock_guard lock(shared_.jobs_mutex);
     ++shared_.jobs;
+    if (!free_jobs_.empty()) {
+      job = free_jobs_.back();
+      free_jobs_.pop_back();
+    }
   }
-  // std::function needs a copyable job, so the batch travels in a shared_ptr.
-  auto items = std::make_shared<std::vector<ChecksumItem>>();
-  items->swap(checksum_batch_);
-  checksum_batch_.reserve(kChecksumBatch);
+  if (job == nullptr) {
+    // Only while the pool falls behind further than ever before; jobs_ is the worker's alone.
+    jobs_.push_back(std::make_unique<ChecksumJob>());
+    job = jobs_.back().get();
+    job->owner = this;
+    job->items.reserve(kChecksumBatch);
+    job->done.reserve(kChecksumBatch);
+    std::lock_guard lock(shared_.jobs_mutex);
+    free_jobs_.reserve(jobs_.size());
+  }
+  // The job's empty vector (with its capacity) becomes the next batch.
+  job->items.swap(checksum_batch_);
+  shared_.pool->post([job] { run_checksums(job); });
+}
+
+void Delivery::run_checksums(ChecksumJob* job) {
   // Raw, not owning: see the header (seen under tsan: std::system_error, "Resource deadlock
   // avoided", when a job held the last reference).
-  ServiceShared* shared = &shared_;
-  shared_.pool->post([items, shared] {
-    std::vector<Completion> batch;
-    batch.reserve(items->size());
-    for (ChecksumItem& item : *items) {
-      item.completion.outcome->checksum = crc32c(std::span<const std::byte>(item.data, item.size));
-      batch.push_back(std::move(item.completion));
-    }
-    shared->outstanding.fetch_sub(batch.size(), std::memory_order_acq_rel);
-    deliver(batch, shared->complete_batch);
-    // Notified under the lock: once it is released the service may be destroyed, so nothing
-    // after it may touch `shared`.
-    std::lock_guard lock(shared->jobs_mutex);
-    --shared->jobs;
-    shared->jobs_done.notify_all();
-  });
+  ServiceShared* shared = &job->owner->shared_;
+  for (ChecksumItem& item : job->items) {
+    item.completion.outcome->checksum = crc32c(std::span<const std::byte>(item.data, item.size));
+    job->done.push_back(std::move(item.completion));
+  }
+  job->items.clear();
+  shared->outstanding.fetch_sub(job->done.size(), std::memory_order_acq_rel);
+  deliver(job->done, shared->complete_batch);  // clears `done`
+  // Back to the free list and notified under the lock: once it is released the service may be
+  // destroyed, so nothing after it may touch `shared` or the job.
+  std::lock_guard lock(shared->jobs_mutex);
+  job->owner->free_jobs_.push_back(job);
+  --shared->jobs;
+  shared->jobs_done.notify_all();
 }
 
 }  // namespace dma::internal

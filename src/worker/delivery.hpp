@@ -9,13 +9,19 @@
 // message). outstanding() drops before the completer runs, so a caller woken by its completion
 // never sees its own transfer still counted.
 //
-// Ownership: owned by the Worker; pool jobs hold a raw ServiceShared pointer, valid because the
-// worker waits for ServiceShared::jobs to reach zero before the service can go. An owning one
+// No allocation per transfer: a checksum batch travels to the pool in a ChecksumJob that comes
+// back to a free list when the job is done (its vectors keep their capacity), and the job
+// posted is one pointer, which std::function stores without allocating.
+//
+// Ownership: owned by the Worker; pool jobs hold a raw pointer to their ChecksumJob and through
+// it to this Delivery and its ServiceShared, valid because the worker waits for
+// ServiceShared::jobs to reach zero before it (and the service) can go. An owning one
 // could make a pool thread drop the service's last reference, and with it the pool's, and the
 // pool would join its own thread. Thread-safety: the worker thread only; jobs run on the pool.
 #pragma once
 
 #include <cstddef>
+#include <memory>
 #include <vector>
 
 #include "dma/service.hpp"
@@ -48,12 +54,21 @@ class Delivery {
     const std::byte* data;
     std::size_t size;
   };
+  struct ChecksumJob {
+    Delivery* owner = nullptr;
+    std::vector<ChecksumItem> items;
+    std::vector<Completion> done;
+  };
   void deliver_now();
   void dispatch_checksums();
+  static void run_checksums(ChecksumJob* job);
 
   ServiceShared& shared_;
   std::vector<Completion> batch_;
   std::vector<ChecksumItem> checksum_batch_;
+  // Every job ever made, and the idle ones; free_jobs_ is guarded by shared_.jobs_mutex.
+  std::vector<std::unique_ptr<ChecksumJob>> jobs_;
+  std::vector<ChecksumJob*> free_jobs_;
 };
 
 }  // namespace dma::internal
