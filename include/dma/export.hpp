@@ -8,7 +8,7 @@
 //
 // libdma.so's version script (cmake/libdma.map) additionally keeps the standard library's
 // template instantiations, which have default visibility in libstdc++, out of its dynamic symbol
-// table. tests/install/check_exports.sh checks the result with nm -D --defined-only.
+// table. tests/install/test_install.sh checks the result with nm -D --defined-only.
 #pragma once
 
 #if defined(__GNUC__) || defined(__clang__)
