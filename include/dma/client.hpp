@@ -18,6 +18,7 @@
 #include <string_view>
 #include <vector>
 
+#include "dma/export.hpp"
 #include "dma/configuration.hpp"
 #include "dma/result.hpp"
 #include "dma/target.hpp"
@@ -32,22 +33,22 @@ namespace dma {
 // (support/redis_connection.hpp), so the argv handling exists once. The caller owns the
 // context; these only use it (blocking, with the context's timeout).
 namespace redis {
-struct ReplyDeleter {
+struct DMA_EXPORT ReplyDeleter {
   void operator()(redisReply* reply) const noexcept;
 };
 using Reply = std::unique_ptr<redisReply, ReplyDeleter>;
 
 // Queues `arguments` as one command and writes it out without waiting for the reply
 // (pipelining). kUnreachable if the connection failed.
-Status send(redisContext* connection, std::span<const std::string_view> arguments);
+DMA_EXPORT Status send(redisContext* connection, std::span<const std::string_view> arguments);
 // The next reply, error replies included. kUnreachable if the connection failed or timed out.
-Result<Reply> receive(redisContext* connection);
+DMA_EXPORT Result<Reply> receive(redisContext* connection);
 // send() then receive(); an error reply is a kInvalidArgument "<command> failed: <reply>".
-Result<Reply> command(redisContext* connection, std::span<const std::string_view> arguments);
-Result<Reply> command(redisContext* connection, std::initializer_list<std::string_view> arguments);
+DMA_EXPORT Result<Reply> command(redisContext* connection, std::span<const std::string_view> arguments);
+DMA_EXPORT Result<Reply> command(redisContext* connection, std::initializer_list<std::string_view> arguments);
 }  // namespace redis
 
-class Client {
+class DMA_EXPORT Client {
  public:
   struct Options {
     // Bounds every round trip, the transfer included.
