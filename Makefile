@@ -6,10 +6,12 @@ JOBS ?= $(shell nproc)
 PROVIDER ?= tcp
 DEPS := cmake ninja-build g++ pkg-config libfabric-dev libfabric-bin libisal-dev \
         libtomlplusplus-dev libcli11-dev libhiredis-dev nlohmann-json3-dev libgtest-dev libgmock-dev \
-        libbenchmark-dev libjemalloc-dev redis-server iproute2 clang libclang-rt-14-dev
+        libbenchmark-dev libjemalloc-dev redis-server iproute2 clang libclang-rt-14-dev \
+        python3-dev python3-pybind11 pybind11-dev python3-pytest python3-numpy
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: all deps build build-asan build-tsan test test-release test-asan test-tsan demo bench fuzz soak clean
+.PHONY: all deps build build-asan build-tsan test test-release test-asan test-tsan test-python \
+        install python-install demo bench fuzz soak clean
 
 all: build
 
@@ -42,6 +44,22 @@ test-asan: build-asan
 
 test-tsan: build-tsan
 	ctest --preset tsan -j $(JOBS)
+
+# The Python package's pytest suite alone (ctest runs it too, as python.pytest).
+test-python: build
+	ctest --preset release -R '^python\.' --output-on-failure
+
+# The release build into PREFIX (default /usr/local): headers, libdma and libdma_client (shared
+# and static), dmaConfig.cmake, dma.pc and dma-client.pc, the module as <libdir>/dma/dma.so,
+# the tools, and the Python package under lib/python3.X/dist-packages (README, "Install").
+PREFIX ?= /usr/local
+install: build
+	cmake --install build --prefix $(PREFIX)
+
+# Only the Python package into PREFIX (what `pip install` would do; README says why pip needs
+# --no-build-isolation here).
+python-install: build
+	cmake --install build --prefix $(PREFIX) --component python
 
 # Release first (fastest feedback), then the sanitizer builds.
 test: test-release test-asan test-tsan

@@ -26,6 +26,8 @@ struct RedisOptions {
   bool expose_once = false;
   // The module's inline-max and the clients' Options::inline_max; unset: the defaults.
   std::optional<std::size_t> inline_max;
+  // Client::Options::busy_poll: each client's target polls without sleeping during a command.
+  bool busy_poll = false;
 };
 
 Result<std::vector<Case>> run_redis(const RedisOptions& options, Progress& progress);

@@ -248,7 +248,9 @@ inline std::string as_string(const std::vector<std::byte>& bytes) {
 // would poll once a day, and the test holds a Busy token only for the HELLO proof. On tcp the
 // server's reads of it then wait for drive(), so a DMA.SET is certainly in flight while other
 // connections' commands (a conflicting write, a fork, a MIGRATE) run, and the test lets it
-// finish when it chooses.
+// finish when it chooses. Almost always: the provider was seen to progress a held read on its
+// own once in a while, so a test checks dma_in_flight afterwards and runs a round that missed
+// again.
 struct HeldSession {
   std::unique_ptr<Target> target;
   std::unique_ptr<Connection> connection;

@@ -422,6 +422,32 @@ TEST(SteppedWorker, an_idle_worker_parks_on_the_channel_and_a_busy_one_does_not)
       << "parked with a transfer queued (only the pass that took it in may park)";
 }
 
+TEST(SteppedWorker, a_worker_waiting_on_a_transfer_that_produces_nothing_naps_instead_of_spinning) {
+  // If this fails, a worker with one long transfer in flight (16 MiB that the peer copies for
+  // milliseconds) spins a whole core through it, or naps while the transfer is still young.
+  Configuration configuration = loopback("shm");
+  Stepped stepped(configuration);
+  ASSERT_TRUE(stepped);
+  Overrun overrun;
+  stepped.submit(overrun.write(1, 7));
+  ASSERT_TRUE(stepped.step_until([&] { return stepped.worker().in_flight() == 1; }));
+  ASSERT_FALSE(stepped.worker().idle());
+  // The first quiet passes spin (no nap before kSpinBeforeNap of nothing) ...
+  for (int pass = 0; pass < 63; ++pass) ASSERT_TRUE(stepped.worker().step(true));
+  EXPECT_EQ(0u, stepped.worker().naps()) << "napped before the transfer was quiet for long";
+  // ... then, with nothing reaped, the worker naps on the channel (each nap ends by itself).
+  const std::size_t parks = stepped.shared().channel.parks();
+  const auto give_up = std::chrono::steady_clock::now() + testing::kDeadline;
+  while (stepped.worker().naps() == 0) {
+    ASSERT_LT(std::chrono::steady_clock::now(), give_up) << "the worker never napped";
+    ASSERT_TRUE(stepped.worker().step(true));
+  }
+  EXPECT_EQ(parks + 1, stepped.shared().channel.parks()) << "a nap is a timed park";
+  ASSERT_EQ(0u, stepped.collector.count())
+      << "shm completed the overrun write: this test (and CompletionDeadline) need a rewrite";
+  EXPECT_EQ(1u, stepped.worker().in_flight());
+}
+
 TEST(SteppedWorker, a_worker_holding_only_expired_transfers_parks_and_wakes_to_reap_them) {
   // If this fails, one stuck transfer costs a whole core until shutdown (a spinning worker), or
   // a late completion of it is never reaped (a worker parked for good).

@@ -27,6 +27,7 @@
 #include <string_view>
 #include <vector>
 
+#include "dma/export.hpp"
 #include "dma/configuration.hpp"
 #include "dma/result.hpp"
 #include "dma/target.hpp"
@@ -41,23 +42,23 @@ namespace dma {
 // (support/redis_connection.hpp), so the argv handling exists once. The caller owns the
 // context; these only use it (blocking, with the context's timeout).
 namespace redis {
-struct ReplyDeleter {
+struct DMA_EXPORT ReplyDeleter {
   void operator()(redisReply* reply) const noexcept;
 };
 using Reply = std::unique_ptr<redisReply, ReplyDeleter>;
 
 // Queues `arguments` as one command and writes it out without waiting for the reply
 // (pipelining). kUnreachable if the connection failed.
-Status send(redisContext* connection, std::span<const std::string_view> arguments);
+DMA_EXPORT Status send(redisContext* connection, std::span<const std::string_view> arguments);
 // The next reply, error replies included. kUnreachable if the connection failed or timed out.
-Result<Reply> receive(redisContext* connection);
+DMA_EXPORT Result<Reply> receive(redisContext* connection);
 // send() then receive(); an error reply is a kInvalidArgument "<command> failed: <reply>".
-Result<Reply> command(redisContext* connection, std::span<const std::string_view> arguments);
-Result<Reply> command(redisContext* connection, std::initializer_list<std::string_view> arguments);
+DMA_EXPORT Result<Reply> command(redisContext* connection, std::span<const std::string_view> arguments);
+DMA_EXPORT Result<Reply> command(redisContext* connection, std::initializer_list<std::string_view> arguments);
 
 // Redis Cluster's hash slot of a key (CRC16/XMODEM of the key, or of the part between the first
 // '{' and the next '}' when that is not empty, modulo 16384): what CLUSTER KEYSLOT answers.
-int key_slot(std::string_view key) noexcept;
+DMA_EXPORT int key_slot(std::string_view key) noexcept;
 
 // A cluster's redirection: "MOVED <slot> <host>:<port>" or "ASK <slot> <host>:<port>" (the host
 // is everything before the last ':', so IPv6 addresses pass). nullopt for any other error.
@@ -67,10 +68,10 @@ struct Redirection {
   std::string host;
   int port = 0;
 };
-std::optional<Redirection> parse_redirection(std::string_view error);
+DMA_EXPORT std::optional<Redirection> parse_redirection(std::string_view error);
 }  // namespace redis
 
-class Client {
+class DMA_EXPORT Client {
  public:
   // Redirections (-MOVED, -ASK, -TRYAGAIN) followed for one command before it fails.
   static constexpr int kMaxRedirections = 16;

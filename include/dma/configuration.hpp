@@ -18,11 +18,12 @@
 #include <string_view>
 #include <vector>
 
+#include "dma/export.hpp"
 #include "dma/result.hpp"
 
 namespace dma {
 
-struct Configuration {
+struct DMA_EXPORT Configuration {
   // libfabric providers in preference order, each really tried in turn until one opens. Short
   // names are accepted: "tcp" means "tcp;ofi_rxm", "verbs" means "verbs;ofi_rxm"; "efa-direct"
   // is the efa provider's efa-direct fabric.
@@ -92,9 +93,9 @@ struct ModuleOptions {
 // false), plus services-per-domain and max-value-size. The last of a repeated name wins. An
 // unknown name, a missing value, a bad number or one out of its range fails with kConfiguration,
 // naming the argument (quoted with quote_for_log and clipped, since the message is logged).
-Result<ModuleOptions> parse_module_arguments(std::span<const std::string> arguments);
+DMA_EXPORT Result<ModuleOptions> parse_module_arguments(std::span<const std::string> arguments);
 
 // The libfabric provider name a configuration name stands for ("tcp" -> "tcp;ofi_rxm").
-std::string canonical_provider(std::string_view name);
+DMA_EXPORT std::string canonical_provider(std::string_view name);
 
 }  // namespace dma

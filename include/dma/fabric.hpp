@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "dma/export.hpp"
 #include "dma/configuration.hpp"
 #include "dma/result.hpp"
 
@@ -62,7 +63,7 @@ class RemoteRegions {
 inline constexpr std::size_t kMaxRemoteRegions = 256;
 
 // A fabric address held inline (no allocation per transfer).
-class FabricAddress {
+class DMA_EXPORT FabricAddress {
  public:
   static constexpr std::size_t kCapacity = 64;
   FabricAddress() = default;
@@ -77,7 +78,7 @@ class FabricAddress {
 };
 
 // What libfabric gave us, decoded for humans (dma-info, DMA.INFO).
-struct EndpointDescription {
+struct DMA_EXPORT EndpointDescription {
   std::string provider;      // e.g. "tcp;ofi_rxm"
   std::string fabric;        // e.g. "127.0.0.1/32"
   std::string domain;        // e.g. "lo"
@@ -101,6 +102,6 @@ struct DomainChoice {
   std::string provider;
   std::string domain;
 };
-Result<std::vector<DomainChoice>> discover_domains(const Configuration& configuration);
+DMA_EXPORT Result<std::vector<DomainChoice>> discover_domains(const Configuration& configuration);
 
 }  // namespace dma

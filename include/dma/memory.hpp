@@ -12,6 +12,7 @@
 #include <memory>
 #include <utility>
 
+#include "dma/export.hpp"
 #include "dma/result.hpp"
 
 namespace dma {
@@ -20,16 +21,16 @@ namespace dma {
 // to a retired registration; the region itself is closed when the last in-flight transfer using
 // it completes, never under the cache's lock. Call it before the pages are unmapped, decommitted
 // or madvise()d away.
-void invalidate(std::uintptr_t start, std::uintptr_t end) noexcept;
+DMA_EXPORT void invalidate(std::uintptr_t start, std::uintptr_t end) noexcept;
 
 // How many memory registrations (fi_mr_reg) this process has made so far, on every domain, for
 // operands and exposed buffers alike: what a server reports as registrations per operation.
-std::uint64_t registrations_made() noexcept;
+DMA_EXPORT std::uint64_t registrations_made() noexcept;
 
 // An extent the caller knows to be stable and registrable as a whole (an allocator's extent, a
 // slab) that contains an operand. Registering the span instead of the operand lets neighbouring
 // operands share one registration. The caller must invalidate() it before reclaiming it.
-class CacheableSpan {
+class DMA_EXPORT CacheableSpan {
  public:
   static Result<CacheableSpan> create(std::uintptr_t base, std::size_t length);
   std::uintptr_t base() const noexcept { return base_; }

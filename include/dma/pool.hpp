@@ -6,11 +6,12 @@
 #include <functional>
 #include <memory>
 
+#include "dma/export.hpp"
 #include "dma/result.hpp"
 
 namespace dma {
 
-class Pool {
+class DMA_EXPORT Pool {
  public:
   // Starts `threads` (>= 1) threads named "dma-crc-NN".
   static Result<std::shared_ptr<Pool>> create(std::size_t threads);

@@ -13,6 +13,7 @@
 #include <string_view>
 #include <vector>
 
+#include "dma/export.hpp"
 #include "dma/result.hpp"
 
 namespace dma {
@@ -33,15 +34,15 @@ struct Advertisement {
 };
 
 // Lowercase hex of bytes.
-std::string hex_encode(std::span<const std::uint8_t> bytes);
+DMA_EXPORT std::string hex_encode(std::span<const std::uint8_t> bytes);
 // Bytes of hex text, either case. Errors name the offending position.
-Result<std::vector<std::uint8_t>> hex_decode(std::string_view text);
+DMA_EXPORT Result<std::vector<std::uint8_t>> hex_decode(std::string_view text);
 
 // A strict unsigned decimal: digits only, at least one, no sign or whitespace, fits in 64 bits
 // (std::from_chars, which takes no sign, skips no whitespace and reports overflow). `what` names
 // the field in the error: "<what> is empty", "<what> \"<text>\" is not a decimal number" or
 // "... does not fit in 64 bits", the text quoted with quote_for_log(text, kMaxQuotedBytes).
-Result<std::uint64_t> parse_decimal(std::string_view text, std::string_view what);
+DMA_EXPORT Result<std::uint64_t> parse_decimal(std::string_view text, std::string_view what);
 
 // ---- text from outside in error messages ----------------------------------------------------
 //
@@ -56,23 +57,23 @@ inline constexpr std::size_t kMaxQuotedBytes = 40;
 // `text` with every byte outside printable ASCII (0x20..0x7e), and '"' and '\', shown as \xNN
 // (lowercase hex), so that the result is one line of printable ASCII from which the input can be
 // read back unambiguously.
-std::string escape_for_log(std::string_view text);
+DMA_EXPORT std::string escape_for_log(std::string_view text);
 // escape_for_log(text) inside double quotes. Past `max_bytes` of input the rest is left out and
 // "... (<size> bytes)" follows the closing quote.
-std::string quote_for_log(std::string_view text,
+DMA_EXPORT std::string quote_for_log(std::string_view text,
                           std::size_t max_bytes = std::string_view::npos);
 
 // "<hex> <key> <remote-address>" (single spaces).
-std::string to_wire(const Advertisement& advertisement);
+DMA_EXPORT std::string to_wire(const Advertisement& advertisement);
 // Parses the wire form; also accepts the three fields already split (from RPC arguments).
-Result<Advertisement> parse_advertisement(std::string_view wire);
-Result<Advertisement> parse_advertisement(std::string_view address_hex, std::string_view key,
+DMA_EXPORT Result<Advertisement> parse_advertisement(std::string_view wire);
+DMA_EXPORT Result<Advertisement> parse_advertisement(std::string_view address_hex, std::string_view key,
                                           std::string_view remote_address);
 
 // CRC32C (Castagnoli), as iSCSI and ext4 use it: crc32c("123456789") == 0xE3069283.
 // `crc32c_extend(crc32c(a), b) == crc32c(a ++ b)`.
-std::uint32_t crc32c(std::span<const std::byte> bytes) noexcept;
-std::uint32_t crc32c_extend(std::uint32_t crc, std::span<const std::byte> bytes) noexcept;
+DMA_EXPORT std::uint32_t crc32c(std::span<const std::byte> bytes) noexcept;
+DMA_EXPORT std::uint32_t crc32c_extend(std::uint32_t crc, std::span<const std::byte> bytes) noexcept;
 inline std::uint32_t crc32c(std::string_view text) noexcept {
   return crc32c(std::as_bytes(std::span<const char>(text.data(), text.size())));
 }

@@ -14,6 +14,8 @@
 #include <utility>
 #include <variant>
 
+#include "dma/export.hpp"
+
 namespace dma {
 
 // What kind of failure, for callers that branch on it; the message says exactly what happened.
@@ -29,9 +31,9 @@ enum class ErrorCode : std::uint8_t {
   kCorrupted,         // a checksum did not match
 };
 
-std::string_view to_string(ErrorCode code) noexcept;
+DMA_EXPORT std::string_view to_string(ErrorCode code) noexcept;
 
-class Error {
+class DMA_EXPORT Error {
  public:
   Error(ErrorCode code, std::string message) : code_(code), message_(std::move(message)) {}
 

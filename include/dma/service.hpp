@@ -22,6 +22,7 @@
 #include <string>
 #include <vector>
 
+#include "dma/export.hpp"
 #include "dma/configuration.hpp"
 #include "dma/fabric.hpp"
 #include "dma/memory.hpp"
@@ -45,7 +46,7 @@ using Outcome = Result<TransferDone>;
 
 // The caller's per-transfer context: it supplies the local operand and comes back in the
 // Completion. Its methods run on the service's worker thread, once each, and must not block.
-class Operands {
+class DMA_EXPORT Operands {
  public:
   virtual ~Operands() = default;
   // kToPeer: the bytes to write. Must stay valid and unchanged until the completion. An empty
@@ -72,7 +73,7 @@ class Operands {
 };
 
 // A submitted transfer.
-struct TransferRequest {
+struct DMA_EXPORT TransferRequest {
   // The caller's id for the peer (one per connected client). The worker holds its address-vector
   // entry under this id until remove_peer().
   std::uint64_t client_id = 0;
@@ -121,7 +122,7 @@ struct ServiceCounters {
 
 class Transfer;
 
-class FabricService {
+class DMA_EXPORT FabricService {
  public:
   // Opens the endpoint on a new worker thread and starts serving, blocking until the endpoint
   // is open or has failed to open. `domain` restricts the endpoint to one domain (see
@@ -185,7 +186,7 @@ class FabricService {
 // A handle on one transfer's outcome: wait on it (with a timeout) or co_await it. The coroutine
 // resumes on the thread that completes the transfer (the worker or a pool thread): hop to your
 // own executor before doing anything long. Movable; thread-safe.
-class Transfer {
+class DMA_EXPORT Transfer {
  public:
   struct State;
   explicit Transfer(std::shared_ptr<State> state) : state_(std::move(state)) {}
@@ -211,7 +212,7 @@ class Transfer {
 // Several services, one per domain (or `per_domain` per domain), sharing one CRC pool. Routes
 // each transfer to the least-loaded service by outstanding(); adds and removes peers and
 // registers memory on all of them. Thread-safe like FabricService.
-class ServiceSet {
+class DMA_EXPORT ServiceSet {
  public:
   // Opens every domain discover_domains() finds for the configuration's first provider that
   // opens (or only `configuration.interfaces`), `per_domain` services each.

@@ -28,6 +28,7 @@
 #include <utility>
 #include <vector>
 
+#include "dma/export.hpp"
 #include "dma/configuration.hpp"
 #include "dma/protocol.hpp"
 #include "dma/result.hpp"
@@ -39,7 +40,7 @@ class Target;
 
 // Caller memory exposed for one-sided access. Destroying it closes the registration, after which
 // the server's RMAs against its key fail. Move-only.
-class Exposed {
+class DMA_EXPORT Exposed {
  public:
   Exposed() = default;
   Exposed(Exposed&&) noexcept;
@@ -69,7 +70,7 @@ class Exposed {
   std::size_t length_ = 0;
 };
 
-class Target {
+class DMA_EXPORT Target {
  public:
   struct Options {
     // How long the progress thread sleeps between polls of an idle completion queue. Zero
@@ -80,7 +81,7 @@ class Target {
   // Keeps the progress thread polling without pause while it lives: take one before the RPC
   // that makes the server transfer and drop it at the reply. Tokens nest; move-only; taking one
   // wakes a sleeping progress thread. Must not outlive its Target.
-  class Busy {
+  class DMA_EXPORT Busy {
    public:
     Busy() = default;
     Busy(Busy&& other) noexcept : target_(std::exchange(other.target_, nullptr)) {}

@@ -8,6 +8,7 @@
 #include <sstream>
 #include <string_view>
 
+#include "dma/memory.hpp"
 #include "fabric/shm_regions.hpp"
 
 namespace dma::internal {

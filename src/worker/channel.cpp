@@ -2,7 +2,7 @@
 
 namespace dma::internal {
 
-bool Channel::take(std::vector<Message>& out, bool block, std::chrono::milliseconds timeout) {
+bool Channel::take(std::vector<Message>& out, bool block, std::chrono::microseconds timeout) {
   if (!block && !pending_.load(std::memory_order_acquire)) {
     return !closed_.load(std::memory_order_acquire);
   }

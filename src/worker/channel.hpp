@@ -62,7 +62,7 @@ class Channel {
   // something, a wake(), close(), or (if non-zero) `timeout`. Returns false once closed (and
   // nothing was taken).
   bool take(std::vector<Message>& out, bool block,
-            std::chrono::milliseconds timeout = std::chrono::milliseconds(0));
+            std::chrono::microseconds timeout = std::chrono::microseconds(0));
   void close();
   void wake();
   bool closed() const;

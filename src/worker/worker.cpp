@@ -80,17 +80,38 @@ bool Worker::step(bool may_block) {
     return false;
   }
   const bool park = may_block && idle();
-  if (park) delivery_.flush(true, true);  // about to park: nothing may wait behind it
-  take_messages(park);
+  const bool nap = may_block && !park && nap_due();
+  if (park || nap) delivery_.flush(true, true);  // about to wait: nothing may wait behind it
+  if (nap) ++naps_;
+  take_messages(park || nap, nap ? kNapInterval : park_timeout());
+  const std::uint64_t took = table_.batches;
+  const std::size_t queued = table_.pending.size();
   post();
   const bool dry = reap();
   expiry_.check(table_);
   delivery_.flush(dry, false);
+  // Progress: a message taken, something posted, or a completion reaped.
+  if (took != quiet_batches_ || queued != table_.pending.size() || !dry) quiet_passes_ = 0;
+  quiet_batches_ = table_.batches;
   return true;
 }
 
-void Worker::take_messages(bool park) {
-  if (!shared_->channel.take(inbox_, park, park_timeout())) closed_ = true;
+bool Worker::nap_due() {
+  if (!table_.pending.empty() || table_.live_in_flight() == 0) {
+    quiet_passes_ = 0;
+    return false;
+  }
+  if (++quiet_passes_ % 64 != 0) return false;
+  const auto now = std::chrono::steady_clock::now();
+  if (quiet_passes_ == 64) {
+    quiet_since_ = now;
+    return false;
+  }
+  return now - quiet_since_ >= kSpinBeforeNap;
+}
+
+void Worker::take_messages(bool park, std::chrono::microseconds timeout) {
+  if (!shared_->channel.take(inbox_, park, timeout)) closed_ = true;
   if (!inbox_.empty()) ++table_.batches;
   for (Message& message : inbox_) intake(message);
   inbox_.clear();

@@ -11,7 +11,11 @@
 //   5. hands completions to the batch completer, checksummed ones via the CRC pool
 //      (delivery.hpp), a partial batch flushed when the queue runs dry or before parking;
 //   6. parks on the channel when nothing is queued or live in flight (no spinning while idle;
-//      with expired pieces held it wakes every kHeldPollInterval to reap them).
+//      with expired pieces held it wakes every kHeldPollInterval to reap them), and naps on it
+//      for kNapInterval at a time once transfers in flight have produced nothing for
+//      kSpinBeforeNap: a 16 MiB write on shm is copied by the target's process for milliseconds,
+//      and spinning through them was most of the server's CPU per DMA.GET (docs/PERFORMANCE.md,
+//      "Value store"); short transfers complete within the spin and never wait for a nap.
 // Everything it decides by time it reads from its WorkerClock (clock.hpp), so a test can build
 // a Worker on its own thread over a ManualClock and call step(false) itself: no thread, no
 // sleep (tests/test_worker.cpp). The thread is a detail of FabricService.
@@ -45,6 +49,10 @@ namespace dma::internal {
 
 // How often a worker whose only operations in flight have expired wakes to reap them.
 inline constexpr std::chrono::milliseconds kHeldPollInterval{20};
+// How long transfers in flight may produce nothing before the worker naps, and each nap (a
+// message ends it at once).
+inline constexpr std::chrono::microseconds kSpinBeforeNap{200};
+inline constexpr std::chrono::microseconds kNapInterval{50};
 
 struct WorkerOptions {
   WorkerClock clock;  // the real steady clock unless a test gives a ManualClock
@@ -85,6 +93,9 @@ class Worker {
   // Nothing queued and nothing live in flight: step(true) would park, for park_timeout() (zero:
   // until a message comes).
   bool idle() const noexcept { return table_.pending.empty() && table_.live_in_flight() == 0; }
+  // Passes that found nothing to take, post or reap while transfers were in flight, and naps
+  // taken (diagnostics, tests).
+  std::uint64_t naps() const noexcept { return naps_; }
   std::chrono::milliseconds park_timeout() const noexcept {
     return table_.held > 0 ? held_poll_interval_ : std::chrono::milliseconds(0);
   }
@@ -93,7 +104,10 @@ class Worker {
   Worker(std::unique_ptr<Endpoint> endpoint, const Configuration& configuration,
          std::shared_ptr<ServiceShared> shared, WorkerOptions options);
   // Step 1: everything queued on the channel (blocking while `park`).
-  void take_messages(bool park);
+  void take_messages(bool park, std::chrono::microseconds timeout);
+  // Whether this blocking pass should nap: transfers are in flight, nothing is queued, and no
+  // pass has made progress for kSpinBeforeNap (the steady clock is read every 64 quiet passes).
+  bool nap_due();
   void intake(Message& message);
   void accept(TransferRequest&& request);
   // Steps 2 and 3; reap() says whether the completion queue ran dry.
@@ -121,6 +135,10 @@ class Worker {
   std::vector<Message> inbox_;
   std::vector<Op*> ended_;
   bool closed_ = false;
+  std::uint32_t quiet_passes_ = 0;
+  std::uint64_t quiet_batches_ = 0;  // table_.batches at the end of the last pass
+  std::chrono::steady_clock::time_point quiet_since_{};
+  std::uint64_t naps_ = 0;
 };
 
 }  // namespace dma::internal

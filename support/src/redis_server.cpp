@@ -61,7 +61,13 @@ Result<std::string> module_of(const RedisServer::Options& options) {
     if (error) {
       return fail(ErrorCode::kNotFound, "cannot find my own executable: " + error.message());
     }
-    module = (self.parent_path().parent_path() / "lib" / "dma.so").string();
+    const auto prefix = self.parent_path().parent_path();
+    module = (prefix / "lib" / "dma.so").string();
+#if defined(DMA_INSTALLED_MODULE)
+    // An installed tool (<prefix>/bin/dma-demo) finds the installed module
+    // (<prefix>/<libdir>/dma/dma.so, cmake/package.cmake).
+    if (!std::filesystem::exists(module)) module = (prefix / DMA_INSTALLED_MODULE).string();
+#endif
   }
   if (!std::filesystem::exists(module)) {
     return fail(ErrorCode::kNotFound, "no module at " + module + " (build it first)");

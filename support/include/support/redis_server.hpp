@@ -37,7 +37,7 @@ class RedisServer {
  public:
   struct Options {
     // The module to load; empty: <directory of this executable>/../lib/dma.so (build/bin ->
-    // build/lib).
+    // build/lib), or else the installed <prefix>/<libdir>/dma/dma.so (bin -> lib/dma).
     std::string module_path;
     // Module load arguments as name/value pairs (module/core.hpp parse_module_arguments).
     std::vector<std::string> module_arguments{"providers", "tcp", "bind", "127.0.0.1"};
