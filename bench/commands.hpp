@@ -10,7 +10,7 @@ class App;
 namespace dma::bench {
 
 void add_fabric_commands(CLI::App& app, int* status);    // fabric_bench.cpp: `fabric` (+ hidden helpers)
-void add_redis_command(CLI::App& app, int* status);      // redis_bench.cpp: `redis`
+void add_redis_command(CLI::App& app, int* status);      // redis_command.cpp: `redis`
 void add_standard_command(CLI::App& app, int* status);   // standard.cpp: `standard`
 
 }  // namespace dma::bench

@@ -18,7 +18,6 @@
 //   mismatch of the side that wrote or read it.
 #include "redis_bench.hpp"
 
-#include <CLI/CLI.hpp>
 #include <hiredis/hiredis.h>
 
 #include <algorithm>
@@ -486,6 +485,18 @@ Result<double> server_cpu_seconds(RedisConnection& connection) {
   return total;
 }
 
+// `operations` DMA.GETs on one client; the first failure ends them.
+Status dma_gets(Peer& peer, Share& share, Tally& tally, std::uint64_t operations) {
+  for (std::uint64_t done = 0; done < operations; ++done) {
+    if (!one_operation(Kind::kDma, true, peer, share, tally)) {
+      return fail(ErrorCode::kFabric, tally.first_problem);
+    }
+  }
+  return {};
+}
+
+}  // namespace
+
 // `--cpu-check N`: the server's CPU time per DMA.GET of the first size, over N GETs on one
 // client after a warm-up of N/10 (nothing else runs on the server meanwhile).
 Status cpu_check(const RedisOptions& options, std::uint64_t count, Progress& progress) {
@@ -496,14 +507,7 @@ Status cpu_check(const RedisOptions& options, std::uint64_t count, Progress& pro
                                                          kWorkingSetBytes / size, 1, 8),
                                          0, 4343));
   Tally tally;
-  auto run = [&](std::uint64_t operations) -> Status {
-    for (std::uint64_t done = 0; done < operations; ++done) {
-      if (!one_operation(Kind::kDma, true, peer, share, tally)) {
-        return fail(ErrorCode::kFabric, tally.first_problem);
-      }
-    }
-    return {};
-  };
+  auto run = [&](std::uint64_t operations) { return dma_gets(peer, share, tally, operations); };
   DMA_TRY(run(std::max<std::uint64_t>(count / 10, 1)));
   DMA_TRY_ASSIGN(const double before, server_cpu_seconds(*peer.plain));
   progress.note("cpu check: " + std::to_string(count) + " DMA.GETs of " + format_size(size));
@@ -534,14 +538,7 @@ Status memory_check(const RedisOptions& options, std::uint64_t count, Progress& 
   Peer& peer = connected.peers[0];
   DMA_TRY_ASSIGN(Share share, make_share(peer, 4096, kMaxKeysPerClient, 0, 4242));
   Tally tally;
-  auto run = [&](std::uint64_t operations) -> Status {
-    for (std::uint64_t done = 0; done < operations; ++done) {
-      if (!one_operation(Kind::kDma, true, peer, share, tally)) {
-        return fail(ErrorCode::kFabric, tally.first_problem);
-      }
-    }
-    return {};
-  };
+  auto run = [&](std::uint64_t operations) { return dma_gets(peer, share, tally, operations); };
   auto rss = [&]() -> std::uint64_t {
     if (connected.server) return connected.server->rss_bytes().value_or(0);
     return static_cast<std::uint64_t>(peer.plain->info_field("memory", "used_memory_rss").value_or(0));
@@ -578,105 +575,6 @@ Status memory_check(const RedisOptions& options, std::uint64_t count, Progress& 
     return fail(ErrorCode::kCorrupted, std::to_string(tally.mismatches) + " mismatches");
   }
   return {};
-}
-
-}  // namespace
-
-void add_redis_command(CLI::App& app, int* status) {
-  auto* command = app.add_subcommand(
-      "redis", "DMA.GET/DMA.SET through the module against plain GET/SET, verified by CRC32C");
-  struct Arguments {
-    RedisOptions options;
-    double duration_s = 2;
-    bool json = false;
-    std::string registration = "per-op";
-    std::uint64_t memory_check = 0;
-    std::uint64_t cpu_check = 0;
-  };
-  auto arguments = std::make_shared<Arguments>();
-  command->add_option("--provider", arguments->options.provider, "tcp, net, shm, ...")
-      ->capture_default_str();
-  support::add_count_list(*command, "--clients", arguments->options.clients, "client counts");
-  support::add_size_list(*command, "--sizes", arguments->options.sizes, "value sizes");
-  command->add_option("--ops", arguments->options.ops, "get, set or both (comma-separated)")
-      ->delimiter(',')
-      ->check(CLI::IsMember({"get", "set"}))
-      ->capture_default_str();
-  command->add_option("--duration", arguments->duration_s, "seconds per side per case")
-      ->capture_default_str()
-      ->check(CLI::PositiveNumber);
-  command->add_option("--host", arguments->options.host,
-                      "an existing server (default: start redis-server with the module here)");
-  command->add_option("--port", arguments->options.port, "its port");
-  command->add_flag("--json", arguments->json, "one JSON object per case per line");
-  command->add_option("--registration", arguments->registration,
-                      "per-op: dma::Client (exposes the buffer per call); once: buffers exposed "
-                      "once per case")
-      ->capture_default_str()
-      ->check(CLI::IsMember({"per-op", "once"}));
-  command->add_option("--inline-max", arguments->options.inline_max,
-                      "the module's inline-max and the clients' threshold: values up to it "
-                      "travel in the command or reply (0: every value over the fabric; default: "
-                      "the module's, " + std::to_string(kDefaultInlineMax) + ")");
-  command->add_flag("--busy-poll", arguments->options.busy_poll,
-                    "clients' targets poll without sleeping while a DMA command runs (a core "
-                    "per waiting client; see Client::Options::busy_poll)");
-  command->add_option("--cpu-check", arguments->cpu_check,
-                      "instead of the cases: the server's CPU time per DMA.GET of the first "
-                      "size, over N GETs (INFO cpu)");
-  command->add_option("--memory-check", arguments->memory_check,
-                      "instead of the cases: the server's RSS before and after N 4k DMA.GETs");
-  command->callback([arguments, status] {
-    Arguments& a = *arguments;
-    if (!a.options.host.empty() && a.options.port == 0) {
-      std::cerr << "dma-bench redis: --host needs --port\n";
-      *status = 2;
-      return;
-    }
-    a.options.duration = std::chrono::milliseconds(static_cast<long>(a.duration_s * 1000));
-    a.options.expose_once = a.registration == "once";
-    if (a.cpu_check > 0) {
-      Progress progress(1);
-      Status checked = cpu_check(a.options, a.cpu_check, progress);
-      if (!checked) {
-        std::cerr << "dma-bench redis: " << checked.error().describe() << "\n";
-        *status = 1;
-      }
-      return;
-    }
-    if (a.memory_check > 0) {
-      Progress progress(1);
-      Status checked = memory_check(a.options, a.memory_check, progress);
-      if (!checked) {
-        std::cerr << "dma-bench redis: " << checked.error().describe() << "\n";
-        *status = 1;
-      }
-      return;
-    }
-    std::vector<Case> rows;
-    {
-      Progress progress(a.options.ops.size() * a.options.sizes.size() * a.options.clients.size());
-      auto ran = run_redis(a.options, progress);
-      if (!ran) {
-        progress.note("dma-bench redis: " + ran.error().describe());
-        *status = 1;
-        return;
-      }
-      rows = std::move(*ran);
-    }
-    if (a.json) {
-      for (const Case& row : rows) std::printf("%s\n", to_json(row).dump().c_str());
-    } else {
-      std::printf("%s", to_table(rows).c_str());
-    }
-    std::fflush(stdout);
-    for (const Case& row : rows) {
-      if (row.ours.mismatches + row.baseline.mismatches + row.ours.errors +
-              row.baseline.errors != 0) {
-        *status = 1;
-      }
-    }
-  });
 }
 
 }  // namespace dma::bench

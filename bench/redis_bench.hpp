@@ -5,6 +5,7 @@
 
 #include <chrono>
 #include <cstddef>
+#include <cstdint>
 #include <optional>
 #include <string>
 #include <vector>
@@ -31,5 +32,11 @@ struct RedisOptions {
 };
 
 Result<std::vector<Case>> run_redis(const RedisOptions& options, Progress& progress);
+
+// Instead of the cases, on one client: the server's CPU time per DMA.GET of the first size over
+// `count` GETs (INFO cpu), and its RSS across `count` 4 KiB DMA.GETs (a leak grows with the
+// count). Each prints its one line and fails on a mismatch.
+Status cpu_check(const RedisOptions& options, std::uint64_t count, Progress& progress);
+Status memory_check(const RedisOptions& options, std::uint64_t count, Progress& progress);
 
 }  // namespace dma::bench
