@@ -12,6 +12,8 @@ ServiceCounters AtomicCounters::snapshot() const {
   out.eagain = eagain.load(std::memory_order_relaxed);
   out.expired = expired.load(std::memory_order_relaxed);
   out.unattributed_errors = unattributed_errors.load(std::memory_order_relaxed);
+  out.replacements = replacements.load(std::memory_order_relaxed);
+  out.abandoned = abandoned.load(std::memory_order_relaxed);
   return out;
 }
 
