@@ -122,10 +122,20 @@ struct FabricService::Impl {
   }
 
   Result<std::unique_ptr<Generation>> open_generation();
-  Status replace(const std::string& reason, bool old_retired);
+  // Why the old generation goes: asked (replace_endpoint: its worker is told to retire),
+  // retired (its worker found the endpoint wedged and retired it itself) or stuck (the
+  // watchdog has taken its table; its channel is closed so nothing more waits on it).
+  enum class Cause { kAsked, kRetired, kStuck };
+  Status replace(const std::string& reason, Cause cause);
+  // Moves what waits in `old`'s channel (never taken by its worker: never posted) to the
+  // current generation.
+  void move_waiting(Generation& old);
   void watch();
   void check_stuck(std::chrono::steady_clock::time_point now);
   bool shutdown(std::chrono::milliseconds bound);
+  // A shutdown leaves `left` behind: answers what its worker holds if it is inside a provider
+  // call (the gate), fails what still waits in its channel, and tells it to stop if it returns.
+  void orphan(Generation& left);
 };
 
 namespace {
@@ -173,6 +183,12 @@ Result<std::unique_ptr<Generation>> FabricService::Impl::open_generation() {
                             (*worker)->endpoint().describe(),
                             (*worker)->endpoint().domain_key(), worker->get()});
           (*worker)->run();
+          if (shared->orphaned.load(std::memory_order_acquire)) {
+            // Back after a shutdown left it behind: the endpoint and what the provider may
+            // still reference stay allocated for good (service_shared.hpp, keep_forever).
+            Worker* leaked = worker->release();
+            internal::keep_forever(std::shared_ptr<Worker>(leaked, [](Worker*) {}));
+          }
         }
       }
       std::lock_guard lock(exit->mutex);
@@ -201,7 +217,7 @@ Result<std::unique_ptr<Generation>> FabricService::Impl::open_generation() {
   return fresh;
 }
 
-Status FabricService::Impl::replace(const std::string& reason, bool old_retired) {
+Status FabricService::Impl::replace(const std::string& reason, Cause cause) {
   DMA_TRY_ASSIGN(std::unique_ptr<Generation> fresh, open_generation());
   Generation* old = nullptr;
   {
@@ -230,21 +246,33 @@ Status FabricService::Impl::replace(const std::string& reason, bool old_retired)
   }
   generation.fetch_add(1, std::memory_order_acq_rel);
   totals->counters.replacements.fetch_add(1, std::memory_order_relaxed);
-  if (old_retired) {
-    // What waits in the old channel never reached its worker: hand it to the new one.
-    std::vector<Message> waiting;
-    (void)old->shared->channel.take(waiting, false);
-    for (Message& message : waiting) {
-      std::visit([&](auto& each) { (void)current.load()->shared->channel.push(std::move(each)); },
-                 message);
-    }
-  } else {
-    (void)old->shared->channel.push(internal::RetireMessage{reason});
-  }
+  if (cause == Cause::kStuck) old->shared->channel.close();  // submit() then retries here
+  move_waiting(*old);
+  if (cause == Cause::kAsked) (void)old->shared->channel.push(internal::RetireMessage{reason});
   log_line("endpoint replaced (" + reason + "); new address " +
            std::to_string(current.load()->address.size()) + " bytes, generation " +
            std::to_string(generation.load()));
   return {};
+}
+
+void FabricService::Impl::move_waiting(Generation& old) {
+  // The old worker may be taking from its channel at the same time (Channel locks): what it
+  // takes first it handles itself (failing transfers as replaced once it has retired).
+  std::vector<Message> waiting;
+  (void)old.shared->channel.take(waiting, false);
+  Channel& target = current.load(std::memory_order_acquire)->shared->channel;
+  for (Message& message : waiting) {
+    std::visit(
+        [&](auto& each) {
+          using Kind = std::decay_t<decltype(each)>;
+          if constexpr (!std::is_same_v<Kind, internal::RetireMessage>) {
+            // A TransferRequest that cannot be pushed (the service shutting down) is dropped with
+            // its context; shutdown fails what it can still reach.
+            (void)target.push(std::move(each));
+          }
+        },
+        message);
+  }
 }
 
 void FabricService::Impl::watch() {
@@ -259,7 +287,7 @@ void FabricService::Impl::watch() {
     std::optional<std::string> reason = std::exchange(requests->replace, std::nullopt);
     lock.unlock();
     if (reason) {
-      if (Status replaced = replace(*reason, true); !replaced) {
+      if (Status replaced = replace(*reason, Cause::kRetired); !replaced) {
         log_line("could not replace a retired endpoint: " + replaced.error().describe() +
                  "; transfers fail until it can");
         std::lock_guard again(requests->mutex);
@@ -300,11 +328,10 @@ void FabricService::Impl::check_stuck(std::chrono::steady_clock::time_point now)
   }
   totals->counters.abandoned.fetch_add(1, std::memory_order_relaxed);
   log_line("abandoning a stuck fabric worker: " + reason);
-  if (Status replaced = replace(reason, true); !replaced) {
+  // A stuck worker that ever returns finds itself retired by abandon(), or its channel closed.
+  if (Status replaced = replace(reason, Cause::kStuck); !replaced) {
     log_line("could not replace the stuck endpoint: " + replaced.error().describe());
   }
-  // A stuck worker that ever returns finds itself retired by abandon(), or by this message.
-  (void)watched->shared->channel.push(internal::RetireMessage{reason});
 }
 
 bool FabricService::Impl::shutdown(std::chrono::milliseconds bound) {
@@ -340,6 +367,7 @@ bool FabricService::Impl::shutdown(std::chrono::milliseconds bound) {
       continue;
     }
     all = false;
+    orphan(*each);
     each->thread.detach();
     if (!each->abandoned) {
       each->abandoned = true;
@@ -350,6 +378,37 @@ bool FabricService::Impl::shutdown(std::chrono::milliseconds bound) {
   }
   drained = all;
   return all;
+}
+
+void FabricService::Impl::orphan(Generation& left) {
+  ServiceShared& shared = *left.shared;
+  // Before the gate goes back: a worker that returns must find itself orphaned.
+  shared.orphaned.store(true, std::memory_order_release);
+  if (shared.gate.claim()) {
+    left.worker->abandon(Error(ErrorCode::kWorkerGone,
+                               "the service shut down with the fabric worker stuck inside the "
+                               "provider; the local buffer stays held for good"));
+    shared.gate.release();
+  } else if (!left.abandoned) {
+    log_line("a fabric worker not inside a provider call did not finish by the shutdown bound; "
+             "its transfers are answered only if it returns");
+  }
+  // Closed by shutdown() already; what was pushed before it and never taken fails here.
+  std::vector<Message> waiting;
+  (void)shared.channel.take(waiting, false);
+  std::vector<Completion> failed;
+  for (Message& message : waiting) {
+    if (auto* request = std::get_if<TransferRequest>(&message)) {
+      Completion completion{std::move(request->context),
+                            fail(ErrorCode::kWorkerGone,
+                                 "fabric worker is gone (service shut down with it stuck)")};
+      totals->outstanding.fetch_sub(1, std::memory_order_acq_rel);
+      totals->counters.failed.fetch_add(1, std::memory_order_relaxed);
+      if (completion.context && completion.context->on_complete(completion.outcome)) continue;
+      failed.push_back(std::move(completion));
+    }
+  }
+  if (!failed.empty() && complete_batch) complete_batch(std::span<Completion>(failed));
 }
 
 Result<std::unique_ptr<FabricService>> FabricService::start(const Configuration& configuration,
@@ -403,7 +462,7 @@ ServiceCounters FabricService::counters() const noexcept {
 
 Status FabricService::replace_endpoint(std::string_view reason) {
   DMA_TRY(impl_->refuse_reentry());
-  return impl_->replace(std::string(reason), false);
+  return impl_->replace(std::string(reason), Impl::Cause::kAsked);
 }
 
 Status FabricService::submit(TransferRequest&& request) {

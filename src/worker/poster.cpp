@@ -5,6 +5,8 @@
 
 #include <rdma/fi_rma.h>
 
+#include "worker/post_hook.hpp"
+
 namespace dma::internal {
 
 void Poster::post(OpTable& table, bool closed, std::vector<Op*>& ended) {
@@ -30,6 +32,7 @@ void Poster::post(OpTable& table, bool closed, std::vector<Op*>& ended) {
       // The call may never return (shm, a dead target's region lock): the watchdog may take the
       // table meanwhile (Gate), expiring this op too; a piece it posts after all is then held.
       gate_.enter();
+      run_post_hook();  // tests: a worker stuck inside the provider (post_hook.hpp)
       const long code = post_piece(*op, *piece, size);
       gate_.leave();
       if (code == 0) {

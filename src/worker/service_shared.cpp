@@ -1,5 +1,8 @@
 #include "worker/service_shared.hpp"
 
+#include <mutex>
+#include <vector>
+
 namespace dma::internal {
 
 ServiceCounters AtomicCounters::snapshot() const {
@@ -15,6 +18,14 @@ ServiceCounters AtomicCounters::snapshot() const {
   out.replacements = replacements.load(std::memory_order_relaxed);
   out.abandoned = abandoned.load(std::memory_order_relaxed);
   return out;
+}
+
+void keep_forever(std::shared_ptr<void> leaked) {
+  static std::mutex mutex;
+  // Never destroyed, so what it holds stays reachable from a global at exit.
+  static auto* kept = new std::vector<std::shared_ptr<void>>();
+  std::lock_guard lock(mutex);
+  kept->push_back(std::move(leaked));
 }
 
 }  // namespace dma::internal

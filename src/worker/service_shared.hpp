@@ -115,6 +115,16 @@ struct ServiceShared {
   // Set by a bounded shutdown before it closes the channel: the steady clock's count (ns) after
   // which a closing worker fails what is still live rather than wait for it (0: wait).
   std::atomic<std::int64_t> drain_until_ns{0};
+  // Set by a shutdown that left this worker behind (stuck inside the provider past its bound):
+  // the service, its completer and its callers' state may be gone by the time the worker comes
+  // back, so it then stops at once, delivers nothing and frees nothing (Worker::step, Delivery,
+  // keep_forever below).
+  std::atomic<bool> orphaned{false};
 };
+
+// Keeps `leaked` reachable for the rest of the process: what an orphaned worker leaves behind on
+// purpose (its Worker, the contexts it never delivered) is never freed, since the provider may
+// still reference it, and a leak checker should not report it as lost.
+void keep_forever(std::shared_ptr<void> leaked);
 
 }  // namespace dma::internal

@@ -73,6 +73,8 @@ void Worker::run() {
 }
 
 bool Worker::step(bool may_block) {
+  // Left behind by a shutdown while stuck, and back: nothing it could do is still wanted.
+  if (shared_->orphaned.load(std::memory_order_acquire)) return false;
   if (closed_ && table_.live_in_flight() > 0 && drain_overdue()) {
     abandon(Error(ErrorCode::kWorkerGone,
                   "the service shut down before the transfer completed (shutdown deadline); the "
