@@ -114,7 +114,7 @@ std::string message_of(const Outcome& outcome) {
 // Polls `done` until it holds or the hang guard passes (a guard, not a measurement).
 template <typename Predicate>
 bool eventually(Predicate done) {
-  const auto until = std::chrono::steady_clock::now() + testing::kDeadline;
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
   while (!done()) {
     if (std::chrono::steady_clock::now() > until) return false;
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
@@ -122,64 +122,128 @@ bool eventually(Predicate done) {
   return true;
 }
 
-// ---- the shm wedge ------------------------------------------------------------------------
+// ---- bounded shutdown ---------------------------------------------------------------------
+// Runs first: in one process, after the wedge test's rounds, shm's progress in this test's
+// in-process targets has crashed (SIGSEGV inside libfabric while the service's endpoint closes;
+// the in-process shm crash docs/RELIABILITY.md lists as an open problem). ctest runs each test
+// in its own process.
 
-TEST(EndpointReplacement, shm_wedge_is_replaced_later_writes_succeed_and_the_held_buffer_waits_for_shutdown) {
-  // If this fails, one write shm never completes (its target died, or the region was overrun)
-  // makes every later write on the endpoint expire, until the server restarts.
+TEST(BoundedShutdown, shm_wedged_endpoint_shuts_down_within_its_bound_and_delivers_every_completion) {
+  // If this fails, SHUTDOWN with a wedged shm endpoint waits for writes that never complete
+  // (the server is SIGKILLed), or callers of those writes are never answered.
   Configuration configuration = loopback("shm");
-  configuration.completion_deadline = std::chrono::milliseconds(300);
+  configuration.completion_deadline = std::chrono::milliseconds(0);  // never expire by itself
   Collector collector;
   auto service = start_service(configuration, collector);
   ASSERT_TRUE(service);
-  // The overrun lands in memory the test owns: 64 bytes exposed at the start of 8192.
   auto victim = Peer::open(configuration, 8192, 64);
   auto live = Peer::open(configuration, 4096, 4096);
   ASSERT_TRUE(victim && live);
   ASSERT_TRUE(live->target->add_initiator(service->local_address()));
-  const std::vector<std::uint8_t> first_address = service->local_address();
-
   Log log;
   ASSERT_TRUE(service->submit(
       victim->write(std::make_unique<Watched>(pattern(4096, 1), 1, log), 4096)));
-  // Posted behind it on the same endpoint: shm completes it only after the first.
-  ASSERT_TRUE(service->submit(live->write(std::make_unique<Watched>(pattern(512, 2), 2, log), 512)));
-  ASSERT_TRUE(log.wait_expired(1)) << "the wedged write was never answered";
-  ASSERT_TRUE(eventually([&] { return service->generation() >= 1; }))
-      << "the wedged endpoint was not replaced";
-  EXPECT_EQ(1u, service->generation());
-  EXPECT_EQ(1u, service->counters().replacements);
-  EXPECT_EQ(0u, service->counters().abandoned);
-  EXPECT_NE(first_address, service->local_address()) << "a new endpoint has a new address";
-  const std::vector<Error> first = log.expired_of(1);
-  ASSERT_EQ(1u, first.size()) << "answered more than once";
-
-  // The live peer learns the new initiator (dma::Client does so after its re-HELLO).
-  ASSERT_TRUE(live->target->add_initiator(service->local_address()));
-  ASSERT_TRUE(service->submit(live->write(std::make_unique<Watched>(pattern(1024, 3), 3, log), 1024)));
-  auto finished = collector.wait_for(1);
-  ASSERT_EQ(1u, finished.size());
-  ASSERT_TRUE(finished[0].outcome) << message_of(finished[0].outcome);
-  EXPECT_EQ(3u, testing::buffer_of(finished[0].context)->tag);
-  EXPECT_EQ(0, std::memcmp(pattern(1024, 3).data(), live->memory.data(), 1024));
-  finished.clear();  // destroys context 3
-
-  // The wedged write's buffer: answered, but held while the old endpoint is open.
-  EXPECT_FALSE(log.was_destroyed(1)) << "freed while the provider may still read it";
-  EXPECT_EQ(0u, collector.count());
-  EXPECT_TRUE(service->shutdown(std::chrono::seconds(20)));
-  auto released = collector.wait_for(0, std::chrono::milliseconds(0));
-  bool found = false;
-  for (auto& each : released) {
-    if (testing::buffer_of(each.context)->tag != 1) continue;
-    found = true;
-    EXPECT_FALSE(each.outcome);
+  constexpr std::uint64_t kBehind = 4;
+  for (std::uint64_t tag = 2; tag < 2 + kBehind; ++tag) {
+    ASSERT_TRUE(service->submit(
+        live->write(std::make_unique<Watched>(pattern(256, tag), tag, log), 256, 1, true,
+                    static_cast<std::size_t>(tag) * 256)));
   }
-  EXPECT_TRUE(found) << "the held write's context did not come back at shutdown";
-  released.clear();
-  EXPECT_TRUE(log.was_destroyed(1));
-  EXPECT_EQ(1u, log.expired_of(1).size());
-  EXPECT_LE(log.expired_of(2).size(), 1u);
+  EXPECT_TRUE(service->shutdown(std::chrono::milliseconds(400)))
+      << "the worker itself is not stuck: it should finish within the bound";
+  auto finished = collector.wait_for(1 + kBehind, std::chrono::milliseconds(0));
+  ASSERT_EQ(1 + kBehind, finished.size());
+  std::vector<int> seen(2 + kBehind, 0);
+  for (auto& each : finished) ++seen[testing::buffer_of(each.context)->tag];
+  for (std::uint64_t tag = 1; tag < 2 + kBehind; ++tag) EXPECT_EQ(1, seen[tag]) << tag;
+  EXPECT_EQ(0u, service->counters().abandoned);
+}
+
+// ---- the shm wedge ------------------------------------------------------------------------
+
+TEST(EndpointReplacement, shm_wedge_is_replaced_later_writes_succeed_and_the_held_buffer_waits_for_shutdown) {
+  // If this fails, one write shm never completes (its target died, or the region was overrun)
+  // makes every later write on the endpoint expire, until the server restarts; or the service
+  // replaces endpoints that were not wedged at all.
+  //
+  // With both targets in this process, shm does not always hold the later write behind the
+  // overrun one (measured: about half the runs complete it). A round where it completes is the
+  // negative case: the endpoint is not wedged and must not be replaced. The test runs rounds
+  // until one wedges, and checks every round.
+  Configuration configuration = loopback("shm");
+  configuration.completion_deadline = std::chrono::milliseconds(300);
+  bool wedged = false;
+  for (int round = 0; round < 12 && !wedged; ++round) {
+    Collector collector;
+    auto service = start_service(configuration, collector);
+    ASSERT_TRUE(service);
+    // The overrun lands in memory the test owns: 64 bytes exposed at the start of 8192.
+    auto victim = Peer::open(configuration, 8192, 64);
+    auto live = Peer::open(configuration, 4096, 4096);
+    ASSERT_TRUE(victim && live);
+    ASSERT_TRUE(live->target->add_initiator(service->local_address()));
+    const std::vector<std::uint8_t> first_address = service->local_address();
+
+    Log log;
+    ASSERT_TRUE(service->submit(
+        victim->write(std::make_unique<Watched>(pattern(4096, 1), 1, log), 4096)));
+    // Posted behind it on the same endpoint, to a live peer.
+    ASSERT_TRUE(
+        service->submit(live->write(std::make_unique<Watched>(pattern(512, 2), 2, log), 512)));
+    ASSERT_TRUE(log.wait_expired(1)) << "the overrun write was never answered";
+    ASSERT_TRUE(eventually([&] { return service->generation() >= 1 || collector.count() >= 1; }))
+        << "the later write neither completed nor caused a replacement";
+    if (service->generation() == 0) {
+      // Not wedged: the later write completed; nothing may be replaced.
+      auto finished = collector.wait_for(1);
+      ASSERT_EQ(1u, finished.size());
+      EXPECT_EQ(2u, testing::buffer_of(finished[0].context)->tag);
+      EXPECT_TRUE(finished[0].outcome) << message_of(finished[0].outcome);
+      EXPECT_EQ(0u, service->counters().replacements);
+      EXPECT_TRUE(service->shutdown(std::chrono::seconds(20)));
+      EXPECT_EQ(0u, service->generation());
+      continue;
+    }
+    wedged = true;
+    EXPECT_EQ(1u, service->generation());
+    EXPECT_EQ(1u, service->counters().replacements);
+    EXPECT_EQ(0u, service->counters().abandoned);
+    EXPECT_NE(first_address, service->local_address()) << "a new endpoint has a new address";
+    ASSERT_EQ(1u, log.expired_of(1).size()) << "answered more than once";
+    // The write stuck behind it was answered too (by the deadline or the replacement).
+    ASSERT_TRUE(log.wait_expired(2));
+    EXPECT_EQ(1u, log.expired_of(2).size());
+
+    // The live peer learns the new initiator (dma::Client does so after its re-HELLO).
+    ASSERT_TRUE(live->target->add_initiator(service->local_address()));
+    ASSERT_TRUE(service->submit(
+        live->write(std::make_unique<Watched>(pattern(1024, 3), 3, log), 1024, 1, true, 2048)));
+    auto finished = collector.wait_for(1);
+    ASSERT_EQ(1u, finished.size());
+    ASSERT_TRUE(finished[0].outcome) << message_of(finished[0].outcome);
+    EXPECT_EQ(3u, testing::buffer_of(finished[0].context)->tag);
+    EXPECT_EQ(0, std::memcmp(pattern(1024, 3).data(), live->memory.data() + 2048, 1024));
+    finished.clear();  // destroys context 3
+
+    // The wedged write's buffer: answered, but held while the old endpoint is open.
+    EXPECT_FALSE(log.was_destroyed(1)) << "freed while the provider may still read it";
+    EXPECT_EQ(0u, collector.count());
+    EXPECT_TRUE(service->shutdown(std::chrono::seconds(20)));
+    auto released = collector.wait_for(2, std::chrono::milliseconds(0));
+    std::vector<int> seen(3, 0);
+    for (auto& each : released) {
+      const std::uint64_t tag = testing::buffer_of(each.context)->tag;
+      ASSERT_TRUE(tag == 1 || tag == 2) << tag;
+      ++seen[tag];
+      EXPECT_FALSE(each.outcome);
+    }
+    EXPECT_EQ(1, seen[1]) << "the held write's context did not come back at shutdown";
+    EXPECT_EQ(1, seen[2]);
+    released.clear();
+    EXPECT_TRUE(log.was_destroyed(1));
+    EXPECT_EQ(1u, log.expired_of(1).size());
+  }
+  EXPECT_TRUE(wedged) << "shm never held a later write behind the overrun one in 12 rounds";
 }
 
 // ---- a worker stuck inside a provider call ------------------------------------------------
@@ -382,39 +446,6 @@ TEST_P(ExplicitReplacement, every_transfer_gets_one_completion_and_peers_and_pin
 }
 
 INSTANTIATE_TEST_SUITE_P(Providers, ExplicitReplacement, ::testing::Values("tcp", "net", "shm"));
-
-// ---- bounded shutdown ---------------------------------------------------------------------
-
-TEST(BoundedShutdown, shm_wedged_endpoint_shuts_down_within_its_bound_and_delivers_every_completion) {
-  // If this fails, SHUTDOWN with a wedged shm endpoint waits for writes that never complete
-  // (the server is SIGKILLed), or callers of those writes are never answered.
-  Configuration configuration = loopback("shm");
-  configuration.completion_deadline = std::chrono::milliseconds(0);  // never expire by itself
-  Collector collector;
-  auto service = start_service(configuration, collector);
-  ASSERT_TRUE(service);
-  auto victim = Peer::open(configuration, 8192, 64);
-  auto live = Peer::open(configuration, 4096, 4096);
-  ASSERT_TRUE(victim && live);
-  ASSERT_TRUE(live->target->add_initiator(service->local_address()));
-  Log log;
-  ASSERT_TRUE(service->submit(
-      victim->write(std::make_unique<Watched>(pattern(4096, 1), 1, log), 4096)));
-  constexpr std::uint64_t kBehind = 4;
-  for (std::uint64_t tag = 2; tag < 2 + kBehind; ++tag) {
-    ASSERT_TRUE(service->submit(
-        live->write(std::make_unique<Watched>(pattern(256, tag), tag, log), 256, 1, true,
-                    static_cast<std::size_t>(tag) * 256)));
-  }
-  EXPECT_TRUE(service->shutdown(std::chrono::milliseconds(400)))
-      << "the worker itself is not stuck: it should finish within the bound";
-  auto finished = collector.wait_for(1 + kBehind, std::chrono::milliseconds(0));
-  ASSERT_EQ(1 + kBehind, finished.size());
-  std::vector<int> seen(2 + kBehind, 0);
-  for (auto& each : finished) ++seen[testing::buffer_of(each.context)->tag];
-  for (std::uint64_t tag = 1; tag < 2 + kBehind; ++tag) EXPECT_EQ(1, seen[tag]) << tag;
-  EXPECT_EQ(0u, service->counters().abandoned);
-}
 
 }  // namespace
 }  // namespace dma
