@@ -63,10 +63,13 @@ class DMA_EXPORT Operands {
   // thread completing it. Return true to consume it here (it then skips the batch completer and
   // this object is destroyed). The Transfer handle is built on this.
   virtual bool on_complete(Outcome& /*outcome*/) { return false; }
-  // Called once, on the worker thread, when a posted transfer has had no completion for
+  // Called once when a posted transfer has had no completion for
   // Configuration::completion_deadline (a peer that died after the post; shm's bad
-  // delivery-complete write, which never completes). The transfer has failed with `error`
-  // (kTimedOut), so answer your client now, but do NOT free or reuse the operand: the provider
+  // delivery-complete write, which never completes): `error` is kTimedOut. Also when its
+  // endpoint is replaced (kFabric, "endpoint replaced: ...") or a bounded shutdown gives up on
+  // it (kWorkerGone); then possibly on the service's watchdog or shutdown thread rather than the
+  // worker (a worker stuck inside the provider cannot call it). The transfer has failed, so
+  // answer your client now, but do NOT free or reuse the operand: the provider
   // may still read or write it. This context is held until the provider lets go of the
   // operation (a late completion, or the endpoint closing at shutdown); its Completion, with the
   // same error, is delivered then. Must not block.
