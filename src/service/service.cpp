@@ -222,7 +222,12 @@ Status FabricService::Impl::replace(const std::string& reason, Cause cause) {
   Generation* old = nullptr;
   {
     std::lock_guard lock(mutex);
-    if (drained) return fail(ErrorCode::kWorkerGone, "the service is shutting down");
+    if (drained) {
+      // Shut down while the new endpoint opened: it never served, so it closes at once.
+      fresh->shared->channel.close();
+      fresh->thread.join();
+      return fail(ErrorCode::kWorkerGone, "the service is shutting down");
+    }
     old = current.load(std::memory_order_relaxed);
     Channel& channel = fresh->shared->channel;
     // Peers first, so the transfers routed here find their entries; answers are not awaited
@@ -487,9 +492,9 @@ Status FabricService::add_peer(std::uint64_t client_id, std::span<const std::uin
   DMA_TRY(impl_->refuse_reentry());
   DMA_TRY_ASSIGN(const FabricAddress inline_address, FabricAddress::from(address));
   auto [answer, waiting] = internal::one_shot<Status>();
-  if (!impl_->current.load(std::memory_order_acquire)
-           ->shared->channel.push(
-               internal::AddPeerMessage{client_id, inline_address, std::move(answer)})) {
+  Generation* asked = impl_->current.load(std::memory_order_acquire);
+  if (!asked->shared->channel.push(
+          internal::AddPeerMessage{client_id, inline_address, std::move(answer)})) {
     return fail(ErrorCode::kWorkerGone, "fabric worker is gone");
   }
   bool timed_out = false;
@@ -499,6 +504,13 @@ Status FabricService::add_peer(std::uint64_t client_id, std::span<const std::uin
   if (*added) {
     std::lock_guard lock(impl_->mutex);
     impl_->peers.insert_or_assign(client_id, inline_address);
+    // Replaced since the push: the replay ran without this peer, so the new endpoint gets it
+    // here (replace() reads `peers` and switches `current` under this same lock).
+    if (Generation* now = impl_->current.load(std::memory_order_relaxed); now != asked) {
+      auto [replayed, unused] = internal::one_shot<Status>();
+      (void)now->shared->channel.push(
+          internal::AddPeerMessage{client_id, inline_address, std::move(replayed)});
+    }
   }
   return std::move(*added);
 }
@@ -519,8 +531,8 @@ Status FabricService::pin(std::uintptr_t base, std::size_t length) {
   }
   DMA_TRY(impl_->refuse_reentry());
   auto [answer, waiting] = internal::one_shot<Status>();
-  if (!impl_->current.load(std::memory_order_acquire)
-           ->shared->channel.push(internal::RegisterMessage{base, length, std::move(answer)})) {
+  Generation* asked = impl_->current.load(std::memory_order_acquire);
+  if (!asked->shared->channel.push(internal::RegisterMessage{base, length, std::move(answer)})) {
     return fail(ErrorCode::kWorkerGone, "fabric worker is gone");
   }
   bool timed_out = false;
@@ -530,6 +542,12 @@ Status FabricService::pin(std::uintptr_t base, std::size_t length) {
   if (*pinned) {
     std::lock_guard lock(impl_->mutex);
     impl_->pins.emplace_back(base, length);
+    // As in add_peer: a replacement since the push did not know this pin.
+    if (Generation* now = impl_->current.load(std::memory_order_relaxed); now != asked) {
+      auto [replayed, unused] = internal::one_shot<Status>();
+      (void)now->shared->channel.push(
+          internal::RegisterMessage{base, length, std::move(replayed)});
+    }
   }
   return std::move(*pinned);
 }
