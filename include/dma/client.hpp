@@ -11,6 +11,14 @@
 // bound to its connection, and every node must prove that this target is ours. Against a
 // single server nothing of this costs anything.
 //
+// A replaced server endpoint: a command whose session said hello to an endpoint the server has
+// since replaced (or whose transfer the replacement failed) is answered -REHELLO, and the
+// session is reset there. The client then says DMA.HELLO again on that connection by itself
+// (to the new address), once per command, and sends the command again: a -REHELLO is an error
+// reply, and a DMA.GET or DMA.SET answered with an error has not taken effect (a failed SET
+// leaves its key untouched). A lost connection or a timeout is never retried (a SET may have
+// happened): the call fails with kUnreachable. docs/RELIABILITY.md, "Endpoint replacement".
+//
 // Ownership: the Client owns its connections and its Target. Thread-safety: none. A hiredis
 // context must not be shared between threads, and each session is bound to its connection,
 // so use one Client per thread (each opens its own Target and says its own hello).
