@@ -41,12 +41,12 @@ TEST_P(Availability, idle_clients_rehello_after_a_replacement_and_their_next_get
   ASSERT_TRUE(clients[0]->set("key", value));
   Connection admin(server->port());
   ASSERT_TRUE(admin.ok());
-  const long long before = admin.info_number("dma", "endpoint_generation");
+  const long long before = admin.info_number("dma", "dma_endpoint_generation");
   Reply replaced = admin.command({"DMA.DEBUG", "REPLACE-ENDPOINT", "0"});
   ASSERT_TRUE(replaced);
   ASSERT_EQ(REDIS_REPLY_INTEGER, replaced->type) << error_of(replaced);
-  EXPECT_EQ(before + 1, admin.info_number("dma", "endpoint_generation"));
-  EXPECT_EQ(1, admin.info_number("dma", "endpoint_replacements"));
+  EXPECT_EQ(before + 1, admin.info_number("dma", "dma_endpoint_generation"));
+  EXPECT_EQ(1, admin.info_number("dma", "dma_endpoint_replacements"));
 
   for (auto& client : clients) {
     auto got = client->get("key");
@@ -54,7 +54,7 @@ TEST_P(Availability, idle_clients_rehello_after_a_replacement_and_their_next_get
     ASSERT_TRUE(got->has_value());
     EXPECT_TRUE(**got == value);
   }
-  EXPECT_EQ(2, admin.info_number("dma", "rehellos"));
+  EXPECT_EQ(2, admin.info_number("dma", "dma_rehellos"));
   // A SET after the replacement, then a GET of it: both on the new endpoint.
   const auto other = value_of(200 * 1024, 9);
   ASSERT_TRUE(clients[1]->set("key", other));
@@ -79,21 +79,24 @@ TEST_P(Availability, a_raw_session_is_told_rehello_and_may_say_hello_again) {
   Connection connection(server->port());
   ASSERT_TRUE(connection.ok());
   ASSERT_TRUE(hello_and_prove(connection, **target));
+  ASSERT_TRUE(connection.command({"SET", "present", std::string(4096, 'p')}));
   Reply replaced = connection.command({"DMA.DEBUG", "REPLACE-ENDPOINT"});
   ASSERT_TRUE(replaced && replaced->type == REDIS_REPLY_INTEGER) << error_of(replaced);
   std::vector<std::byte> memory(4096);
   auto exposed = (*target)->expose(memory.data(), memory.size());
   ASSERT_TRUE(exposed) << exposed.error().describe();
-  Reply stale = connection.command(with_region({"DMA.GET", "absent"}, exposed->region(0, 4096)));
+  Reply stale = connection.command(with_region({"DMA.GET", "present"}, exposed->region(0, 4096)));
   ASSERT_TRUE(stale);
   ASSERT_EQ(REDIS_REPLY_ERROR, stale->type);
   EXPECT_TRUE(error_of(stale).starts_with("REHELLO ")) << error_of(stale);
-  EXPECT_EQ(1, connection.info_number("dma", "rehellos"));
+  EXPECT_EQ(1, connection.info_number("dma", "dma_rehellos"));
   // The session was reset: a new hello is accepted and proves against the new endpoint.
   Status again = hello_and_prove(connection, **target);
   EXPECT_TRUE(again) << again.error().describe();
-  Reply absent = connection.command(with_region({"DMA.GET", "absent"}, exposed->region(0, 4096)));
-  EXPECT_TRUE(is_nil(absent)) << error_of(absent);
+  Reply read = connection.command(with_region({"DMA.GET", "present"}, exposed->region(0, 4096)));
+  ASSERT_TRUE(read && read->type == REDIS_REPLY_ARRAY) << error_of(read);
+  (*target)->synchronize();
+  EXPECT_EQ(std::string(4096, 'p'), std::string(reinterpret_cast<const char*>(memory.data()), 4096));
   connection.close();
   server->stop();
   expect_clean_log(server->log());
@@ -112,7 +115,7 @@ TEST(AvailabilityDebug, dma_debug_is_refused_unless_enabled) {
   ASSERT_TRUE(refused);
   ASSERT_EQ(REDIS_REPLY_ERROR, refused->type);
   EXPECT_TRUE(contains(error_of(refused), "enable-debug")) << error_of(refused);
-  EXPECT_EQ(0, connection.info_number("dma", "endpoint_replacements"));
+  EXPECT_EQ(0, connection.info_number("dma", "dma_endpoint_replacements"));
   connection.close();
   server->stop();
 }
