@@ -85,7 +85,13 @@ class DMA_EXPORT Client {
   static constexpr int kMaxRedirections = 16;
 
   struct Options {
-    // Bounds every round trip, the transfer included.
+    // Bounds every round trip, the transfer included (the hiredis connect and socket timeout):
+    // a server SIGKILLed or SIGSTOPped mid-command fails the call with kUnreachable by then.
+    // After such a failure the server may still write into the buffer the GET exposed (a
+    // stopped server resumes its transfer): closing the exposure refuses later writes on tcp
+    // and net, but on shm the server can write straight into this process's memory. So after a
+    // kUnreachable from a GET, do not reuse that buffer for anything else until the server is
+    // known to be gone; docs/RELIABILITY.md, "Client deadlines".
     std::chrono::milliseconds timeout{60000};
     // Hold a Target::Busy from each DMA command to its reply, so the target polls without
     // sleeping while the server transfers: the lowest latency for a client with a core to
