@@ -61,7 +61,7 @@ class OursLoop {
   OursLoop& operator=(const OursLoop&) = delete;
 
   std::span<const std::uint8_t> local_address() const noexcept { return service_->local_address(); }
-  const EndpointDescription& describe() const noexcept { return service_->describe(); }
+  EndpointDescription describe() const { return service_->describe(); }
 
   // Runs one window; per-transfer latencies inside it go to `samples` (reserved by the caller).
   // Fails if the transfers do not all complete within job.drain_deadline after the window.

@@ -45,6 +45,13 @@ struct DMA_EXPORT Configuration {
   // Operands::on_expired) until the provider lets go or the endpoint closes at shutdown, which
   // then takes no longer than this either. 0 waits forever.
   std::chrono::milliseconds completion_deadline{30000};
+  // How long a fabric worker may sit inside one libfabric call before the service's watchdog
+  // gives up on it, answers its transfers' callers and replaces its endpoint (FabricService,
+  // "Endpoint replacement").
+  std::chrono::milliseconds stuck_deadline{5000};
+  // How long a service's shutdown (its destructor) may take: past it, what has not drained is
+  // abandoned (FabricService::shutdown). 0: fail what is in flight at once.
+  std::chrono::milliseconds shutdown_deadline{3000};
   // Threads computing CRC32C of completed transfers off the fabric worker.
   std::size_t crc_threads = 1;
   // Register local operands even where the provider does not require it (no FI_MR_LOCAL, as on
@@ -56,7 +63,7 @@ struct DMA_EXPORT Configuration {
   std::size_t max_piece_bytes = 0;
 
   // Reads a TOML file whose keys are the fields above (durations in milliseconds, named
-  // progress_deadline_ms and completion_deadline_ms). Unknown keys, wrong types, values out of
+  // progress_deadline_ms, completion_deadline_ms, stuck_deadline_ms and shutdown_deadline_ms). Unknown keys, wrong types, values out of
   // their range and non-ASCII bytes are errors that name the key and the position.
   static Result<Configuration> load(const std::filesystem::path& path);
   static Result<Configuration> parse_toml(std::string_view text);

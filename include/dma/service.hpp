@@ -20,6 +20,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "dma/export.hpp"
@@ -62,10 +63,13 @@ class DMA_EXPORT Operands {
   // thread completing it. Return true to consume it here (it then skips the batch completer and
   // this object is destroyed). The Transfer handle is built on this.
   virtual bool on_complete(Outcome& /*outcome*/) { return false; }
-  // Called once, on the worker thread, when a posted transfer has had no completion for
+  // Called once when a posted transfer has had no completion for
   // Configuration::completion_deadline (a peer that died after the post; shm's bad
-  // delivery-complete write, which never completes). The transfer has failed with `error`
-  // (kTimedOut), so answer your client now, but do NOT free or reuse the operand: the provider
+  // delivery-complete write, which never completes): `error` is kTimedOut. Also when its
+  // endpoint is replaced (kFabric, "endpoint replaced: ...") or a bounded shutdown gives up on
+  // it (kWorkerGone); then possibly on the service's watchdog or shutdown thread rather than the
+  // worker (a worker stuck inside the provider cannot call it). The transfer has failed, so
+  // answer your client now, but do NOT free or reuse the operand: the provider
   // may still read or write it. This context is held until the provider lets go of the
   // operation (a late completion, or the endpoint closing at shutdown); its Completion, with the
   // same error, is delivered then. Must not block.
@@ -118,10 +122,32 @@ struct ServiceCounters {
   // Error completions the provider reported without an operation context (shm, for writes to
   // a peer that died): their operations are failed by the completion deadline.
   std::uint64_t unattributed_errors = 0;
+  // Endpoints replaced under the service (see FabricService, "Endpoint replacement").
+  std::uint64_t replacements = 0;
+  // Workers left behind: found stuck inside a libfabric call, or not drained by a bounded
+  // shutdown. Their endpoints and the buffers they hold are never freed under the provider.
+  std::uint64_t abandoned = 0;
 };
 
 class Transfer;
 
+// Endpoint replacement. The service notices an endpoint that has stopped working and replaces
+// it with a new one (a new address, on a new worker thread) under the same FabricService:
+// - wedged: a transfer expires at the completion deadline with nothing of its direction
+//   completed since it was posted and later ones stuck behind it (shm never completes a write
+//   to a target that died, and completes an endpoint's writes in order);
+// - stuck: the worker has not turned for Configuration::stuck_deadline while inside a libfabric
+//   call (libfabric 1.17's shm can spin forever on a lock in a dead target's region); a
+//   watchdog thread sees it, answers the callers of everything the worker holds, and leaves the
+//   worker to it;
+// - asked: replace_endpoint().
+// Transfers the old endpoint held fail at once with kFabric "endpoint replaced: <reason>" (their
+// Operands::on_expired is told; their contexts come back when the old endpoint closes at
+// shutdown, or never if its worker never returns). Transfers still queued move to the new
+// endpoint. Peers added with add_peer() and memory pinned with pin() (and not invalidated) are
+// re-added and re-registered there before any transfer; generation() counts replacements and
+// local_address() is the current endpoint's, so a server can tell its clients to learn the new
+// address. All of it is logged to stderr, one line per event.
 class DMA_EXPORT FabricService {
  public:
   // Opens the endpoint on a new worker thread and starts serving, blocking until the endpoint
@@ -132,16 +158,28 @@ class DMA_EXPORT FabricService {
                                                       BatchCompleter complete_batch,
                                                       std::shared_ptr<Pool> pool,
                                                       const std::string& domain = {});
-  // Stops intake, finishes what is in flight, fails what was never posted with kWorkerGone,
-  // delivers every completion, then closes the endpoint. Blocks until done.
+  // shutdown(configuration.shutdown_deadline).
   ~FabricService();
+  // Stops intake, finishes what is in flight, fails what was never posted with kWorkerGone,
+  // delivers every completion, then closes the endpoints, within `bound`: at three quarters of
+  // it what is still in flight fails (kWorkerGone) and is held until its endpoint closes; a
+  // worker still not done at `bound` (stuck inside the provider) is left running, counted in
+  // `abandoned`, and its transfers get no completion. True if every worker finished. Idempotent
+  // (later calls return the first answer).
+  bool shutdown(std::chrono::milliseconds bound);
   FabricService(const FabricService&) = delete;
   FabricService& operator=(const FabricService&) = delete;
 
   // The endpoint's fabric address (fi_getname). Clients insert it into their own address vector
   // (efa-direct requires the target to know its initiator).
-  std::span<const std::uint8_t> local_address() const noexcept;
-  const EndpointDescription& describe() const noexcept;
+  // The current endpoint's (they change when it is replaced).
+  std::vector<std::uint8_t> local_address() const;
+  EndpointDescription describe() const;
+  // Endpoints replaced so far: 0 until the first replacement.
+  std::uint64_t generation() const noexcept;
+  // Replaces the endpoint now, as the health checks would (operators, tests). Blocks until the
+  // new endpoint is open; the old one's transfers fail with "endpoint replaced: <reason>".
+  Status replace_endpoint(std::string_view reason);
   // Transfers submitted and not yet completed, queued and posted alike: the load signal.
   std::size_t outstanding() const noexcept;
   ServiceCounters counters() const noexcept;
@@ -232,6 +270,11 @@ class DMA_EXPORT ServiceSet {
   std::size_t least_loaded_index();
   // Every service's address, in order.
   std::vector<std::vector<std::uint8_t>> local_addresses() const;
+  // The sum of the services' generation(): changes whenever any endpoint is replaced.
+  std::uint64_t generation() const noexcept;
+  // Shuts every service down at once within one `bound` (FabricService::shutdown); true if
+  // every worker finished.
+  bool shutdown(std::chrono::milliseconds bound);
 
   Status submit(TransferRequest&& request) { return least_loaded().submit(std::move(request)); }
   // Adds on every service; if any fails, the peer is removed from those that succeeded.

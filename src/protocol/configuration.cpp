@@ -277,8 +277,18 @@ Status Configuration::validate() const {
     return fail(ErrorCode::kConfiguration, "completion_deadline_ms must not be negative, not " +
                                                std::to_string(completion_deadline.count()));
   }
+  if (stuck_deadline.count() <= 0) {
+    return fail(ErrorCode::kConfiguration, "stuck_deadline_ms must be positive, not " +
+                                               std::to_string(stuck_deadline.count()));
+  }
+  if (shutdown_deadline.count() < 0) {
+    return fail(ErrorCode::kConfiguration, "shutdown_deadline_ms must not be negative, not " +
+                                               std::to_string(shutdown_deadline.count()));
+  }
   for (const auto& [name, deadline] : {std::pair{"progress_deadline_ms", progress_deadline},
-                                       std::pair{"completion_deadline_ms", completion_deadline}}) {
+                                       std::pair{"completion_deadline_ms", completion_deadline},
+                                       std::pair{"stuck_deadline_ms", stuck_deadline},
+                                       std::pair{"shutdown_deadline_ms", shutdown_deadline}}) {
     if (deadline.count() > kMaxDeadline) {
       return fail(ErrorCode::kConfiguration, std::string(name) + " must be at most " +
                                                  std::to_string(kMaxDeadline) + ", not " +

@@ -25,7 +25,7 @@ std::vector<std::string> strings_of(Value&& value) {
 }
 std::uint64_t number_of(const Value& value) { return std::get<std::uint64_t>(value); }
 
-const std::array<Setting<Configuration>, 9> kConfigurationSettings{{
+const std::array<Setting<Configuration>, 11> kConfigurationSettings{{
     {"providers", "providers", Kind::kStringList, 0, 0,
      [](Configuration& c, Value&& v) { c.providers = strings_of(std::move(v)); },
      [](const Configuration& c) { return toml_array(c.providers); },
@@ -58,6 +58,20 @@ const std::array<Setting<Configuration>, 9> kConfigurationSettings{{
      [](const Configuration& c) { return std::to_string(c.completion_deadline.count()); },
      "a posted transfer without a completion this long fails as timed out; its buffer is held "
      "until the provider lets go (docs/RELIABILITY.md); 0: wait forever"},
+    {"stuck_deadline_ms", "stuck-deadline-ms", Kind::kMilliseconds, 1, kMaxDeadlineMs,
+     [](Configuration& c, Value&& v) {
+       c.stuck_deadline = milliseconds(static_cast<milliseconds::rep>(number_of(v)));
+     },
+     [](const Configuration& c) { return std::to_string(c.stuck_deadline.count()); },
+     "a fabric worker inside one libfabric call this long is abandoned: its transfers fail and "
+     "its endpoint is replaced (docs/RELIABILITY.md)"},
+    {"shutdown_deadline_ms", "shutdown-deadline-ms", Kind::kMilliseconds, 0, kMaxDeadlineMs,
+     [](Configuration& c, Value&& v) {
+       c.shutdown_deadline = milliseconds(static_cast<milliseconds::rep>(number_of(v)));
+     },
+     [](const Configuration& c) { return std::to_string(c.shutdown_deadline.count()); },
+     "most a service's shutdown takes; what has not drained by then is abandoned "
+     "(docs/RELIABILITY.md)"},
     {"crc_threads", "crc-threads", Kind::kInteger, 1, kMaxCrcThreads,
      [](Configuration& c, Value&& v) { c.crc_threads = number_of(v); },
      [](const Configuration& c) { return std::to_string(c.crc_threads); },

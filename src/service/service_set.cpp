@@ -1,6 +1,10 @@
 // ServiceSet: several services behind one routing front.
 #include "dma/service.hpp"
 
+#include <algorithm>
+#include <system_error>
+#include <thread>
+
 namespace dma {
 
 Result<std::unique_ptr<ServiceSet>> ServiceSet::start(const Configuration& configuration,
@@ -55,6 +59,27 @@ std::vector<std::vector<std::uint8_t>> ServiceSet::local_addresses() const {
     out.emplace_back(address.begin(), address.end());
   }
   return out;
+}
+
+std::uint64_t ServiceSet::generation() const noexcept {
+  std::uint64_t sum = 0;
+  for (const auto& service : services_) sum += service->generation();
+  return sum;
+}
+
+bool ServiceSet::shutdown(std::chrono::milliseconds bound) {
+  // In parallel, so the set takes one bound, not one per service.
+  std::vector<std::thread> stoppers;
+  std::vector<char> drained(services_.size(), 0);
+  for (std::size_t index = 0; index < services_.size(); ++index) {
+    try {
+      stoppers.emplace_back([&, index] { drained[index] = services_[index]->shutdown(bound); });
+    } catch (const std::system_error&) {
+      drained[index] = services_[index]->shutdown(bound);
+    }
+  }
+  for (std::thread& stopper : stoppers) stopper.join();
+  return std::all_of(drained.begin(), drained.end(), [](char each) { return each != 0; });
 }
 
 Status ServiceSet::add_peer(std::uint64_t client_id, std::span<const std::uint8_t> address) {

@@ -20,6 +20,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <mutex>
+#include <string>
 #include <variant>
 #include <vector>
 
@@ -41,7 +42,12 @@ struct RegisterMessage {
   std::size_t length;
   Answer<Status> reply;
 };
-using Message = std::variant<TransferRequest, AddPeerMessage, RemovePeerMessage, RegisterMessage>;
+// The service replaces this worker's endpoint: fail what it holds, take no more transfers.
+struct RetireMessage {
+  std::string reason;
+};
+using Message = std::variant<TransferRequest, AddPeerMessage, RemovePeerMessage, RegisterMessage,
+                             RetireMessage>;
 
 // Multi-producer, single-consumer queue with close and wake.
 class Channel {

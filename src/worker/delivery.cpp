@@ -29,6 +29,15 @@ void deliver(std::vector<Completion>& batch, const BatchCompleter& complete_batc
   if (kept > 0 && complete_batch) complete_batch(std::span<Completion>(batch.data(), kept));
   batch.clear();
 }
+// An orphaned worker's completions (service_shared.hpp): their callers were answered when the
+// worker was left behind, and the completer and the contexts' owners may be gone, so the
+// contexts are neither delivered nor destroyed.
+void forget(std::vector<Completion>& batch) {
+  for (Completion& completion : batch) {
+    if (completion.context) keep_forever(std::shared_ptr<Operands>(completion.context.release(), [](Operands*) {}));
+  }
+  batch.clear();
+}
 }  // namespace
 
 Delivery::Delivery(ServiceShared& shared) : shared_(shared) {
@@ -43,6 +52,10 @@ void Delivery::flush(bool queue_dry, bool parking) {
 
 void Delivery::deliver_now() {
   shared_.outstanding.fetch_sub(batch_.size(), std::memory_order_acq_rel);
+  if (shared_.orphaned.load(std::memory_order_acquire)) {
+    forget(batch_);
+    return;
+  }
   deliver(batch_, shared_.complete_batch);
 }
 
@@ -81,7 +94,11 @@ void Delivery::run_checksums(ChecksumJob* job) {
   }
   job->items.clear();
   shared->outstanding.fetch_sub(job->done.size(), std::memory_order_acq_rel);
-  deliver(job->done, shared->complete_batch);  // clears `done`
+  if (shared->orphaned.load(std::memory_order_acquire)) {
+    forget(job->done);
+  } else {
+    deliver(job->done, shared->complete_batch);  // clears `done`
+  }
   // Back to the free list and notified under the lock: once it is released the service may be
   // destroyed, so nothing after it may touch `shared` or the job.
   std::lock_guard lock(shared->jobs_mutex);

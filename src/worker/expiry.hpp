@@ -12,10 +12,21 @@
 // never a hang). The table is scanned at most every tenth of the deadline (at most 100 ms), which
 // bounds how late a transfer expires.
 //
+// The same scan notices a wedged endpoint: shm completes an endpoint's delivery-complete writes
+// in posting order and never answers one whose target died, so every later write on the
+// endpoint, to any peer, would expire in turn (docs/RELIABILITY.md). A transfer that expires
+// with nothing of its direction reaped since its first post while later transfers of that
+// direction were posted behind it is that case; check() says so, and the worker retires the
+// endpoint for the service to replace (worker.hpp). A dead peer on tcp or net does not match:
+// the other peers' transfers keep completing. (An endpoint whose only traffic is to one stopped
+// peer matches too; replacing it costs that peer's transfers nothing they were not losing.)
+//
 // Ownership: owned by the Worker. Thread-safety: the worker thread only.
 #pragma once
 
 #include <chrono>
+#include <optional>
+#include <string>
 
 #include "worker/clock.hpp"
 #include "worker/op_table.hpp"
@@ -29,16 +40,22 @@ class Expiry {
          AtomicCounters& counters)
       : deadline_(completion_deadline), clock_(clock), counters_(counters) {}
 
-  // Expires every live transfer posted at least the deadline ago, if a scan is due.
-  void check(OpTable& table);
+  // Expires every live transfer posted at least the deadline ago, if a scan is due. Returns why
+  // the endpoint looks wedged, if it does (above).
+  std::optional<std::string> check(OpTable& table);
 
  private:
-  void expire_overdue(OpTable& table, WorkerClock::time_point now);
+  std::optional<std::string> expire_overdue(OpTable& table, WorkerClock::time_point now);
 
   std::chrono::milliseconds deadline_;  // zero: never
   WorkerClock clock_;
   AtomicCounters& counters_;
   WorkerClock::time_point next_check_{};
 };
+
+// Fails `op` with `error` now (its context's on_expired is told) and holds what of it the
+// provider still has (table.held), unless it has expired already. Used by the deadline, by a
+// retiring worker and by the watchdog (with the worker's gate claimed).
+void expire_op(OpTable& table, Op& op, Error error, AtomicCounters& counters);
 
 }  // namespace dma::internal

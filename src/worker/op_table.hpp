@@ -58,6 +58,10 @@ struct Op {
   bool expired = false;      // failed at the completion deadline; held until its pieces are reaped
   std::chrono::steady_clock::time_point first_eagain;
   std::chrono::steady_clock::time_point posted_at;  // its first piece's post
+  // Where it stood when its first piece was posted: the how-manyth first post of its direction,
+  // and how many pieces of that direction had been reaped (the wedge check, expiry.hpp).
+  std::uint64_t post_serial = 0;
+  std::uint64_t reaped_at_post = 0;
   std::optional<Error> error;
 };
 
@@ -132,6 +136,11 @@ class OpTable {
   std::size_t in_flight = 0; // pieces posted and not reaped
   std::size_t held = 0;      // of those, pieces of expired transfers
   std::uint64_t batches = 0; // batches of messages taken from the channel so far
+  // Per direction (Direction's value): transfers whose first piece was posted, and pieces
+  // reaped, so far. A transfer that expires with nothing of its direction reaped since its
+  // post, and later ones of that direction posted behind it, has wedged the endpoint.
+  std::uint64_t first_posts[2] = {0, 0};
+  std::uint64_t reaped[2] = {0, 0};
   std::size_t live_in_flight() const noexcept { return in_flight - held; }
 
  private:

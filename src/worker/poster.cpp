@@ -5,6 +5,8 @@
 
 #include <rdma/fi_rma.h>
 
+#include "worker/post_hook.hpp"
+
 namespace dma::internal {
 
 void Poster::post(OpTable& table, bool closed, std::vector<Op*>& ended) {
@@ -27,13 +29,25 @@ void Poster::post(OpTable& table, bool closed, std::vector<Op*>& ended) {
           std::min({static_cast<std::size_t>(region.length - op->region_offset),
                     op->length - op->local_offset, max_piece_});
       Piece* piece = table.acquire_piece(op);
+      // The call may never return (shm, a dead target's region lock): the watchdog may take the
+      // table meanwhile (Gate), expiring this op too; a piece it posts after all is then held.
+      gate_.enter();
+      run_post_hook();  // tests: a worker stuck inside the provider (post_hook.hpp)
       const long code = post_piece(*op, *piece, size);
+      gate_.leave();
       if (code == 0) {
-        if (op->local_offset == 0) op->posted_at = clock_.now();
+        if (op->local_offset == 0) {
+          op->posted_at = clock_.now();
+          const auto direction = static_cast<std::size_t>(op->request.direction);
+          op->post_serial = ++table.first_posts[direction];
+          op->reaped_at_post = table.reaped[direction];
+        }
         ++table.in_flight;
         ++op->in_flight;
         op->eagain = false;
-        if (op->peer_entry) {
+        if (op->expired) {
+          ++table.held;
+        } else if (op->peer_entry) {
           ++op->peer_entry->progress.live_pieces;
           op->peer_entry->progress.refusing_since.reset();
         }
@@ -47,6 +61,7 @@ void Poster::post(OpTable& table, bool closed, std::vector<Op*>& ended) {
         continue;
       }
       table.release_piece(piece);
+      if (op->error) break;  // expired by the watchdog during the call: already answered
       if (code == -FI_EAGAIN) {
         counters_.eagain.fetch_add(1, std::memory_order_relaxed);
         if (past_progress_deadline(*op, clock_.now())) {

@@ -35,13 +35,15 @@ inline constexpr std::chrono::milliseconds kOwnerRecheck{1};
 class Poster {
  public:
   Poster(const Endpoint& endpoint, std::size_t cap, std::size_t max_piece,
-         std::chrono::milliseconds progress_deadline, WorkerClock clock, AtomicCounters& counters)
+         std::chrono::milliseconds progress_deadline, WorkerClock clock, AtomicCounters& counters,
+         Gate& gate)
       : endpoint_(endpoint),
         cap_(cap),
         max_piece_(max_piece),
         progress_deadline_(progress_deadline),
         clock_(clock),
-        counters_(counters) {}
+        counters_(counters),
+        gate_(gate) {}
 
   // Posts pieces of the queued transfers while fewer than the cap are live in flight, each
   // transfer getting one turn. A transfer that has failed with nothing of it in flight (or that
@@ -65,6 +67,7 @@ class Poster {
   std::chrono::milliseconds progress_deadline_;
   WorkerClock clock_;
   AtomicCounters& counters_;
+  Gate& gate_;
 };
 
 }  // namespace dma::internal

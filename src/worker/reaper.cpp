@@ -12,11 +12,14 @@ std::size_t Reaper::reap(OpTable& table, std::vector<Op*>& ended) {
   std::array<fi_cq_entry, 64> entries;
   std::size_t total = 0;
   const auto done = [&](Piece* piece) {
+    ++table.reaped[static_cast<std::size_t>(piece->op->request.direction)];
     if (Op* over = table.piece_done(piece)) ended.push_back(over);
   };
   while (table.in_flight > 0) {
+    gate_.enter();
     const ssize_t count =
         fi_cq_read(endpoint_.completion_queue(), entries.data(), entries.size());
+    gate_.leave();
     if (count == -FI_EAGAIN) break;
     if (count == -FI_EAVAIL) {
       fi_cq_err_entry failure{};

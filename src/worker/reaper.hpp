@@ -21,8 +21,8 @@ namespace dma::internal {
 
 class Reaper {
  public:
-  Reaper(const Endpoint& endpoint, AtomicCounters& counters)
-      : endpoint_(endpoint), counters_(counters) {}
+  Reaper(const Endpoint& endpoint, AtomicCounters& counters, Gate& gate)
+      : endpoint_(endpoint), counters_(counters), gate_(gate) {}
 
   // Reads the queue until it is empty or nothing is in flight. Transfers whose last piece came
   // back are appended to `ended` for the caller to finish. Returns the entries read.
@@ -31,6 +31,7 @@ class Reaper {
  private:
   const Endpoint& endpoint_;
   AtomicCounters& counters_;
+  Gate& gate_;  // lent out around fi_cq_read, where shm makes its progress
 };
 
 }  // namespace dma::internal

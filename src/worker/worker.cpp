@@ -43,8 +43,8 @@ Worker::Worker(std::unique_ptr<Endpoint> endpoint, const Configuration& configur
       shared_(std::move(shared)),
       held_poll_interval_(options.held_poll_interval),
       poster_(*endpoint_, cap_of(*endpoint_), max_piece_of(*endpoint_, configuration),
-              configuration.progress_deadline, options.clock, shared_->counters),
-      reaper_(*endpoint_, shared_->counters),
+              configuration.progress_deadline, options.clock, shared_->counters, shared_->gate),
+      reaper_(*endpoint_, shared_->counters, shared_->gate),
       expiry_(configuration.completion_deadline, options.clock, shared_->counters),
       delivery_(*shared_) {
   const bool register_operands =
@@ -73,6 +73,13 @@ void Worker::run() {
 }
 
 bool Worker::step(bool may_block) {
+  // Left behind by a shutdown while stuck, and back: nothing it could do is still wanted.
+  if (shared_->orphaned.load(std::memory_order_acquire)) return false;
+  if (closed_ && table_.live_in_flight() > 0 && drain_overdue()) {
+    abandon(Error(ErrorCode::kWorkerGone,
+                  "the service shut down before the transfer completed (shutdown deadline); the "
+                  "local buffer was held until the endpoint closed"));
+  }
   // Expired pieces are not work: a worker holding only those parks (waking to reap them).
   if (closed_ && idle()) {
     if (table_.held > 0) release_held();
@@ -83,17 +90,29 @@ bool Worker::step(bool may_block) {
   const bool nap = may_block && !park && nap_due();
   if (park || nap) delivery_.flush(true, true);  // about to wait: nothing may wait behind it
   if (nap) ++naps_;
+  // One writer: a plain store, read by the watchdog.
+  shared_->turns.store(++turns_, std::memory_order_relaxed);
+  if (park) shared_->parked.store(true, std::memory_order_relaxed);
   take_messages(park || nap, nap ? kNapInterval : park_timeout());
+  if (park) shared_->parked.store(false, std::memory_order_relaxed);
   const std::uint64_t took = table_.batches;
   const std::size_t queued = table_.pending.size();
   post();
   const bool dry = reap();
-  expiry_.check(table_);
+  if (std::optional<std::string> wedged = expiry_.check(table_); wedged && !retired_) {
+    retire("the endpoint is wedged: " + *wedged, true);
+  }
   delivery_.flush(dry, false);
   // Progress: a message taken, something posted, or a completion reaped.
   if (took != quiet_batches_ || queued != table_.pending.size() || !dry) quiet_passes_ = 0;
   quiet_batches_ = table_.batches;
   return true;
+}
+
+bool Worker::drain_overdue() {
+  const std::int64_t until = shared_->drain_until_ns.load(std::memory_order_acquire);
+  if (until == 0) return false;
+  return std::chrono::steady_clock::now().time_since_epoch().count() >= until;
 }
 
 bool Worker::nap_due() {
@@ -130,6 +149,26 @@ void Worker::intake(Message& message) {
     if (clients_.remove(remove->client_id)) peers_->release(remove->client_id);
   } else if (auto* registration = std::get_if<RegisterMessage>(&message)) {
     registration->reply.send(regions_->pin(registration->base, registration->length));
+  } else if (auto* retirement = std::get_if<RetireMessage>(&message)) {
+    if (!retired_) retire(retirement->reason, false);
+  }
+}
+
+void Worker::retire(const std::string& reason, bool tell_service) {
+  abandon(Error(ErrorCode::kFabric, "endpoint replaced: " + reason));
+  retired_reason_ = reason;
+  finish_ended();
+  if (tell_service && shared_->on_retired) shared_->on_retired(reason);
+}
+
+void Worker::abandon(const Error& error) {
+  if (!retired_) retired_reason_ = error.message();
+  retired_ = true;
+  for (const auto& owned : table_.pieces()) {
+    if (owned->op != nullptr) expire_op(table_, *owned->op, error, shared_->counters);
+  }
+  for (Op* op = table_.pending.front(); op != nullptr; op = op->next_pending) {
+    expire_op(table_, *op, error, shared_->counters);
   }
 }
 
@@ -140,6 +179,11 @@ void Worker::accept(TransferRequest&& request) {
   clients_.opened(op->request.client_id);
   if (closed_) {
     finish(op, fail(ErrorCode::kWorkerGone, "fabric worker is gone (service shutting down)"));
+    return;
+  }
+  if (retired_) {
+    // Submitted as the service moved to the new endpoint: never posted here.
+    finish(op, fail(ErrorCode::kFabric, "endpoint replaced: " + retired_reason_));
     return;
   }
   if (Status ready = prepare_transfer(*op, *peers_, *regions_, efa_addresses_); !ready) {

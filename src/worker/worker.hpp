@@ -10,6 +10,8 @@
 //   4. fails, as timed out, posted transfers past the completion deadline (expiry.hpp);
 //   5. hands completions to the batch completer, checksummed ones via the CRC pool
 //      (delivery.hpp), a partial batch flushed when the queue runs dry or before parking;
+//   4a. retires the endpoint when that check finds it wedged (expiry.hpp): the service then
+//       opens a new one and this worker only drains (service.hpp, "Endpoint replacement");
 //   6. parks on the channel when nothing is queued or live in flight (no spinning while idle;
 //      with expired pieces held it wakes every kHeldPollInterval to reap them), and naps on it
 //      for kNapInterval at a time once transfers in flight have produced nothing for
@@ -96,6 +98,15 @@ class Worker {
   // Passes that found nothing to take, post or reap while transfers were in flight, and naps
   // taken (diagnostics, tests).
   std::uint64_t naps() const noexcept { return naps_; }
+  // Whether the endpoint was retired (replaced under the service): transfers still arriving
+  // fail with "endpoint replaced: ", what it held has been failed to its callers.
+  bool retired() const noexcept { return retired_; }
+  // Fails every transfer taken in and not finished with `error` now (held like an expired one
+  // where the provider still has it) and retires the endpoint, so the worker only drains from
+  // then on. The watchdog calls it with the gate claimed (service_shared.hpp) while the worker
+  // is stuck in a libfabric call; the worker itself when it retires or its shutdown runs out of
+  // time.
+  void abandon(const Error& error);
   std::chrono::milliseconds park_timeout() const noexcept {
     return table_.held > 0 ? held_poll_interval_ : std::chrono::milliseconds(0);
   }
@@ -108,6 +119,10 @@ class Worker {
   // Whether this blocking pass should nap: transfers are in flight, nothing is queued, and no
   // pass has made progress for kSpinBeforeNap (the steady clock is read every 64 quiet passes).
   bool nap_due();
+  // Shutting down with transfers still live past the service's drain bound
+  // (ServiceShared::drain_until_ns): what is left fails now and is held until the endpoint
+  // closes, so a bounded shutdown still delivers every completion.
+  bool drain_overdue();
   void intake(Message& message);
   void accept(TransferRequest&& request);
   // Steps 2 and 3; reap() says whether the completion queue ran dry.
@@ -116,6 +131,11 @@ class Worker {
   // The transfers the poster and reaper found over.
   void finish_ended();
   void finish(Op* op, Outcome outcome);
+  // Retires the endpoint: every transfer taken in and not finished fails now with "endpoint
+  // replaced: <reason>" (held like an expired one where the provider still has it), and later
+  // ones fail at intake. `tell_service`: the worker found the endpoint unusable itself, so the
+  // service must open a new one (ServiceShared::on_retired).
+  void retire(const std::string& reason, bool tell_service);
   // Shutdown only, once nothing live is in flight: closes the endpoint, after which the provider
   // no longer touches the held operands, and delivers the expired transfers' completions.
   void release_held();
@@ -139,6 +159,9 @@ class Worker {
   std::uint64_t quiet_batches_ = 0;  // table_.batches at the end of the last pass
   std::chrono::steady_clock::time_point quiet_since_{};
   std::uint64_t naps_ = 0;
+  std::uint64_t turns_ = 0;
+  bool retired_ = false;
+  std::string retired_reason_;
 };
 
 }  // namespace dma::internal
