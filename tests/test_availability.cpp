@@ -79,8 +79,10 @@ class Watched : public Buffer {
 
 // A live peer: a Target exposing `size` bytes.
 struct Peer {
-  std::unique_ptr<Target> target;
+  // Declared first so it is freed last: the target (its shm progress may still be landing an
+  // overrun write) closes before its memory goes.
   std::vector<std::byte> memory;
+  std::unique_ptr<Target> target;
   std::optional<Exposed> exposed;
 
   static std::unique_ptr<Peer> open(const Configuration& configuration, std::size_t size,
