@@ -144,6 +144,7 @@ TEST(BoundedShutdown, shm_wedged_endpoint_shuts_down_within_its_bound_and_delive
   Configuration configuration = loopback("shm");
   configuration.completion_deadline = std::chrono::milliseconds(0);  // never expire by itself
   configuration.max_in_flight = 1;
+  Log log;  // before the collector: contexts it still holds log into it when destroyed
   Collector collector;
   auto service = start_service(configuration, collector);
   ASSERT_TRUE(service);
@@ -153,7 +154,6 @@ TEST(BoundedShutdown, shm_wedged_endpoint_shuts_down_within_its_bound_and_delive
   auto advertisement = parse_advertisement(wire);
   ASSERT_TRUE(advertisement) << "'" << wire << "': " << advertisement.error().describe();
   ASSERT_EQ("ok", frozen.ask("initiator " + hex_encode(service->local_address())));
-  Log log;
   const auto to_frozen = [&](std::uint64_t tag) {
     TransferRequest request;
     request.client_id = 1;
@@ -204,6 +204,7 @@ TEST(EndpointReplacement, shm_wedge_is_replaced_later_writes_succeed_and_the_hel
   configuration.completion_deadline = std::chrono::milliseconds(300);
   bool wedged = false;
   for (int round = 0; round < 12 && !wedged; ++round) {
+    Log log;  // before the collector: contexts it still holds log into it when destroyed
     Collector collector;
     auto service = start_service(configuration, collector);
     ASSERT_TRUE(service);
@@ -214,7 +215,6 @@ TEST(EndpointReplacement, shm_wedge_is_replaced_later_writes_succeed_and_the_hel
     ASSERT_TRUE(live->target->add_initiator(service->local_address()));
     const std::vector<std::uint8_t> first_address = service->local_address();
 
-    Log log;
     ASSERT_TRUE(service->submit(
         victim->write(std::make_unique<Watched>(pattern(4096, 1), 1, log), 4096)));
     // Posted behind it on the same endpoint, to a live peer.
@@ -326,6 +326,7 @@ TEST_P(StuckWorker, watchdog_answers_its_callers_replaces_the_endpoint_and_shutd
   // silently stops the service: nobody answers its callers and shutdown never returns.
   Configuration configuration = loopback(GetParam());
   configuration.stuck_deadline = std::chrono::milliseconds(200);
+  Log log;  // before the collector: contexts it still holds log into it when destroyed
   Collector collector;
   auto service = start_service(configuration, collector);
   ASSERT_TRUE(service);
@@ -338,7 +339,6 @@ TEST_P(StuckWorker, watchdog_answers_its_callers_replaces_the_endpoint_and_shutd
   ASSERT_TRUE(peer->target->add_initiator(service->local_address()));
   ASSERT_TRUE(service->add_peer(7, peer->target->local_address()));
 
-  Log log;
   // One transfer first, so the connection is up before the worker is stuck.
   ASSERT_TRUE(service->submit(peer->write(std::make_unique<Watched>(pattern(256, 1), 1, log), 256)));
   {
@@ -401,6 +401,7 @@ TEST_P(ExplicitReplacement, every_transfer_gets_one_completion_and_peers_and_pin
   Configuration configuration = loopback(GetParam());
   configuration.always_register_operands = true;
   configuration.completion_deadline = std::chrono::milliseconds(10000);
+  Log log;  // before the collector: contexts it still holds log into it when destroyed
   Collector collector;
   auto service = start_service(configuration, collector);
   ASSERT_TRUE(service);
