@@ -95,14 +95,15 @@ fuzz: deps
 	echo "all fuzz targets ran $(FUZZ_SECONDS) s without a crash"
 
 # The module under many clients, some SIGKILLed mid-transfer, every GET checked (not in CI):
-# SOAK_SECONDS per provider, tcp then shm. Fails if any value read back differs.
+# SOAK_SECONDS per provider, tcp, net then shm, a client killed every 2 s. Fails if any value
+# read back differs, or the server does not exit 0.
 SOAK_SECONDS ?= 120
 SOAK_CLIENTS ?= 4
 soak: build
-	./build/bin/dma-soak --provider tcp --clients $(SOAK_CLIENTS) --duration $(SOAK_SECONDS) \
-	  --max-size 1048576 --kill-every 10
-	./build/bin/dma-soak --provider shm --clients $(SOAK_CLIENTS) --duration $(SOAK_SECONDS) \
-	  --max-size 1048576 --kill-every 10
+	for provider in tcp net shm; do \
+	  ./build/bin/dma-soak --provider $$provider --clients $(SOAK_CLIENTS) \
+	    --duration $(SOAK_SECONDS) --max-size 1048576 --kill-every 2 || exit 1; \
+	done
 
 clean:
 	rm -rf build build-debug build-asan build-tsan build-fuzz

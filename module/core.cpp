@@ -320,13 +320,18 @@ bool matches_nonce(std::span<const std::byte> read, const Nonce& nonce) noexcept
   return difference == 0;
 }
 
-Status Sessions::open(std::uint64_t client_id, const Nonce& nonce) {
+Status Sessions::open(std::uint64_t client_id, const Nonce& nonce, std::uint64_t generation) {
   if (sessions_.contains(client_id)) {
     return fail(ErrorCode::kInvalidArgument,
                 "this connection already has a session (one DMA.HELLO per connection)");
   }
-  sessions_.emplace(client_id, Session{Stage::kAwaitingProof, nonce});
+  sessions_.emplace(client_id, Session{Stage::kAwaitingProof, nonce, generation});
   return {};
+}
+
+bool Sessions::stale(std::uint64_t client_id, std::uint64_t current) const {
+  const auto found = sessions_.find(client_id);
+  return found != sessions_.end() && found->second.generation != current;
 }
 
 Status Sessions::check_proven(std::uint64_t client_id) const {

@@ -188,7 +188,11 @@ class Sessions {
   };
 
   // Starts a session for `client_id` with `nonce`; fails if the connection already has one.
-  Status open(std::uint64_t client_id, const Nonce& nonce);
+  // `generation`: ServiceSet::generation() when it said hello (stale() compares it).
+  Status open(std::uint64_t client_id, const Nonce& nonce, std::uint64_t generation = 0);
+  // Whether `client_id` has a session opened at a generation other than `current` (a server
+  // endpoint was replaced since its hello: its peer address and proof are for the old one).
+  bool stale(std::uint64_t client_id, std::uint64_t current) const;
   // Fails unless `client_id`'s session is proven, with a message telling the client what to do.
   Status check_proven(std::uint64_t client_id) const;
   // Moves an awaiting session to kProving and returns its nonce; fails (naming why) if there is
@@ -208,6 +212,7 @@ class Sessions {
   struct Session {
     Stage stage = Stage::kAwaitingProof;
     Nonce nonce{};
+    std::uint64_t generation = 0;
   };
   std::unordered_map<std::uint64_t, Session> sessions_;
   std::size_t proven_ = 0;
@@ -224,6 +229,8 @@ struct Counters {
   std::atomic<std::uint64_t> in_flight{0};
   // DMA.PROVEs that did not prove (mismatch, failed read, malformed): sessions refused.
   std::atomic<std::uint64_t> proofs_refused{0};
+  // Commands answered REHELLO (the session's server endpoint was replaced; session reset).
+  std::atomic<std::uint64_t> rehellos{0};
   // DMA.GETs of plain string keys (copied into the arena first) and plain-RESP commands.
   std::atomic<std::uint64_t> plain_string_copies{0};
   std::atomic<std::uint64_t> plain_gets{0};

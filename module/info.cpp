@@ -65,8 +65,26 @@ void on_info(RedisModuleInfoCtx* ctx, int /*for_crash_report*/) {
   RedisModule_InfoAddFieldULongLong(ctx, "sessions_proven", state->sessions.proven());
   RedisModule_InfoAddFieldULongLong(ctx, "proofs_refused",
                                     counters.proofs_refused.load(std::memory_order_relaxed));
+  RedisModule_InfoAddFieldULongLong(ctx, "rehellos",
+                                    counters.rehellos.load(std::memory_order_relaxed));
   RedisModule_InfoAddFieldULongLong(ctx, "endpoints",
                                     state->services ? state->services->size() : 0);
+  {
+    // Endpoint replacements (asked, or a wedge the service noticed) and endpoints abandoned
+    // because they could not drain; generation: ServiceSet::generation().
+    std::uint64_t replacements = 0;
+    std::uint64_t abandoned = 0;
+    const std::size_t services = state->services ? state->services->size() : 0;
+    for (std::size_t index = 0; index < services; ++index) {
+      const ServiceCounters one = state->services->at(index).counters();
+      replacements += one.replacements;
+      abandoned += one.abandoned;
+    }
+    RedisModule_InfoAddFieldULongLong(ctx, "endpoint_replacements", replacements);
+    RedisModule_InfoAddFieldULongLong(ctx, "endpoints_abandoned", abandoned);
+    RedisModule_InfoAddFieldULongLong(ctx, "endpoint_generation",
+                                      state->services ? state->services->generation() : 0);
+  }
   RedisModule_InfoAddFieldULongLong(ctx, "transfers_to_clients",
                                     counters.gets.load(std::memory_order_relaxed));
   RedisModule_InfoAddFieldULongLong(ctx, "transfers_from_clients",

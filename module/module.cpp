@@ -38,6 +38,7 @@
 #include <dlfcn.h>
 #include <signal.h>
 
+#include <charconv>
 #include <memory>
 #include <optional>
 #include <string>
@@ -65,6 +66,49 @@ void on_client_change(RedisModuleCtx* /*ctx*/, RedisModuleEvent /*event*/, std::
   if (state->services) state->services->remove_peer(client_id);
 }
 
+// Every service's counters summed (replacements and abandoned are what shutdown reports).
+ServiceCounters total_counters() {
+  ServiceCounters sum;
+  for (std::size_t index = 0; index < state->services->size(); ++index) {
+    const ServiceCounters one = state->services->at(index).counters();
+    sum.replacements += one.replacements;
+    sum.abandoned += one.abandoned;
+  }
+  return sum;
+}
+
+// DMA.DEBUG REPLACE-ENDPOINT [index]: replaces service `index`'s endpoint (default 0) now, as
+// the service does itself when one wedges. Only with the load argument `enable-debug true`.
+int debug_command(RedisModuleCtx* ctx, RedisModuleString** argv, int argc) {
+  if (!state->options.enable_debug) {
+    return reply_error(ctx, ErrorCode::kInvalidArgument,
+                       "DMA.DEBUG is disabled: load the module with `enable-debug true`");
+  }
+  if (argc < 2 || argc > 3) return RedisModule_WrongArity(ctx);
+  if (!equals_ignoring_case(view_of(argv[1]), "REPLACE-ENDPOINT")) {
+    return reply_error(ctx, ErrorCode::kInvalidArgument,
+                       "unknown DMA.DEBUG subcommand (known: REPLACE-ENDPOINT [index])");
+  }
+  if (!state->services) return reply_error(ctx, ErrorCode::kWorkerGone, "the server is shutting down");
+  std::size_t index = 0;
+  if (argc == 3) {
+    const std::string_view field = view_of(argv[2]);
+    const auto [end, error] = std::from_chars(field.data(), field.data() + field.size(), index);
+    if (error != std::errc{} || end != field.data() + field.size()) index = state->services->size();
+  }
+  if (index >= state->services->size()) {
+    return reply_error(ctx, ErrorCode::kInvalidArgument,
+                       "the endpoint index must be 0 to " +
+                           std::to_string(state->services->size() - 1));
+  }
+  if (Status replaced = state->services->at(index)
+                            .replace_endpoint("DMA.DEBUG REPLACE-ENDPOINT");
+      !replaced) {
+    return reply_error(ctx, replaced.error());
+  }
+  return RedisModule_ReplyWithLongLong(ctx, static_cast<long long>(state->services->generation()));
+}
+
 // The server is about to exit (SHUTDOWN, SIGTERM): stop the workers now, while the process is
 // whole. Transfers in flight finish or fail and their blocked clients are unblocked (their
 // replies are never sent: the server exits next). Later commands cannot arrive.
@@ -74,8 +118,20 @@ void on_shutdown(RedisModuleCtx* ctx, RedisModuleEvent /*event*/, std::uint64_t 
   RedisModule_Log(ctx, "notice", "dma: stopping the fabric services (%llu transfers in flight)",
                   static_cast<unsigned long long>(
                       state->counters.in_flight.load(std::memory_order_relaxed)));
+  // Bounded (shutdown-deadline-ms): an endpoint wedged in the provider or a worker stuck inside
+  // it is abandoned (its memory is never freed under the provider) and the server still exits.
+  const bool drained = state->services->shutdown(state->options.configuration.shutdown_deadline);
+  const ServiceCounters abandoned_before = total_counters();
   state->services.reset();
-  RedisModule_Log(ctx, "notice", "dma: fabric services stopped");
+  if (drained) {
+    RedisModule_Log(ctx, "notice", "dma: fabric services stopped");
+  } else {
+    RedisModule_Log(ctx, "warning",
+                    "dma: fabric services stopped; %llu endpoint(s) did not drain within "
+                    "shutdown-deadline-ms %lld and were abandoned",
+                    static_cast<unsigned long long>(abandoned_before.abandoned),
+                    static_cast<long long>(state->options.configuration.shutdown_deadline.count()));
+  }
 }
 
 // The shared object a signal handler's code lives in ("" for SIG_DFL/SIG_IGN or unknown).
@@ -166,6 +222,7 @@ constexpr CommandSpec kCommands[] = {
     {"dma.getplain", getplain_command, "readonly", 1, 1, 1},
     {"dma.setplain", setplain_command, "write deny-oom", 1, 1, 1},
     {"dma.info", info_command, "readonly fast", 0, 0, 0},
+    {"dma.debug", debug_command, "admin deny-script", 0, 0, 0},
 };
 
 }  // namespace

@@ -51,7 +51,8 @@ int hello_command(RedisModuleCtx* ctx, RedisModuleString** argv, int argc) {
   if (Status added = state->services->add_peer(client_id, *address); !added) {
     return reply_error(ctx, added.error());
   }
-  if (Status opened = state->sessions.open(client_id, *nonce); !opened) {
+  if (Status opened = state->sessions.open(client_id, *nonce, state->services->generation());
+      !opened) {
     state->services->remove_peer(client_id);
     return reply_error(ctx, opened.error());
   }
@@ -76,6 +77,7 @@ int prove_command(RedisModuleCtx* ctx, RedisModuleString** argv, int argc) {
   if (argc != 4) return RedisModule_WrongArity(ctx);
   const std::uint64_t client_id = RedisModule_GetClientId(ctx);
   if (!may_block(ctx)) return REDISMODULE_OK;
+  if (rehello_if_stale(ctx, client_id)) return REDISMODULE_OK;
   if (auto started = state->sessions.begin_proof(client_id); !started) {
     return reply_error(ctx, started.error());
   }

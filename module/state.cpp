@@ -11,7 +11,32 @@ std::string_view view_of(RedisModuleString* string) {
   return {data, length};
 }
 
+int reply_rehello(RedisModuleCtx* ctx, std::uint64_t client_id, std::string_view why) {
+  if (state->sessions.close(client_id)) {
+    publish_session_count();
+    if (state->services) state->services->remove_peer(client_id);
+  }
+  state->counters.rehellos.fetch_add(1, std::memory_order_relaxed);
+  const std::string text = std::string(kRehello) + " the server's fabric endpoint was replaced (" +
+                           std::string(why) + "); say DMA.HELLO again";
+  return RedisModule_ReplyWithError(ctx, text.c_str());
+}
+
+bool rehello_if_stale(RedisModuleCtx* ctx, std::uint64_t client_id) {
+  if (!state->services || !state->sessions.stale(client_id, state->services->generation())) {
+    return false;
+  }
+  reply_rehello(ctx, client_id, "since this session's DMA.HELLO");
+  return true;
+}
+
 int reply_error(RedisModuleCtx* ctx, const Error& error) {
+  // A transfer failed because its endpoint was replaced under it: the session's peer and proof
+  // belong to the old endpoint, so it is told to say hello again.
+  if (error.code() == ErrorCode::kFabric && error.message().starts_with("endpoint replaced: ")) {
+    const std::uint64_t client_id = RedisModule_GetClientId(ctx);
+    if (client_id != 0) return reply_rehello(ctx, client_id, error.message());
+  }
   const std::string text = error_reply(error);
   return RedisModule_ReplyWithError(ctx, text.c_str());
 }
@@ -38,6 +63,7 @@ bool may_block(RedisModuleCtx* ctx) {
 }
 
 bool ready_to_transfer(RedisModuleCtx* ctx, std::uint64_t client_id) {
+  if (rehello_if_stale(ctx, client_id)) return false;
   if (Status proven = state->sessions.check_proven(client_id); !proven) {
     reply_error(ctx, proven.error());
     return false;

@@ -61,6 +61,15 @@ int reply_error(RedisModuleCtx* ctx, ErrorCode code, std::string message);
 int reply_length_and_crc(RedisModuleCtx* ctx, std::size_t length, std::uint32_t crc);
 
 void publish_session_count();
+// The first word of the error a session gets once a server endpoint it said hello to was
+// replaced (dma::Client says DMA.HELLO again on it).
+inline constexpr std::string_view kRehello = "REHELLO";
+// Replies REHELLO and resets `client_id`'s session (peer removed, DMA.HELLO accepted again).
+int reply_rehello(RedisModuleCtx* ctx, std::uint64_t client_id, std::string_view why);
+// If `client_id`'s session said hello before the current generation: replies REHELLO (as
+// above) and returns true.
+bool rehello_if_stale(RedisModuleCtx* ctx, std::uint64_t client_id);
+
 // Refuses a blocking command inside MULTI or a script (it would never get its reply), and any
 // transfer once the services have stopped for shutdown; false once it has replied.
 bool may_block(RedisModuleCtx* ctx);

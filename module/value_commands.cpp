@@ -85,6 +85,7 @@ int get_command(RedisModuleCtx* ctx, RedisModuleString** argv, int argc) {
     return RedisModule_WrongArity(ctx);
   }
   const std::uint64_t client_id = RedisModule_GetClientId(ctx);
+  if (rehello_if_stale(ctx, client_id)) return REDISMODULE_OK;
   if (Status proven = state->sessions.check_proven(client_id); !proven) {
     return reply_error(ctx, proven.error());
   }

@@ -322,6 +322,7 @@ TEST(ConfigurationSchema, TheModuleOnlyArgumentsKeepTheirRanges) {
   for (const auto& setting : settings::module_settings()) {
     SCOPED_TRACE(std::string(setting.argument_name));
     EXPECT_TRUE(setting.toml_name.empty());
+    if (setting.kind == settings::Kind::kBoolean) continue;  // enable-debug: the test below
     const std::string name(setting.argument_name);
     EXPECT_FALSE(from_arguments({name, std::to_string(setting.minimum - 1)}));
     auto lowest = from_arguments({name, std::to_string(setting.minimum)});
@@ -347,6 +348,14 @@ TEST(ConfigurationSchema, AModuleBooleanIsTrueOrFalseAndNothingElse) {
     EXPECT_TRUE(contains(refused.error().message(), "always-register-operands"));
     EXPECT_TRUE(contains(refused.error().message(), "true or false"));
   }
+  // The module's own boolean (enable-debug) is held to the same words.
+  auto debug = from_arguments({"enable-debug", "true"});
+  ASSERT_TRUE(debug) << debug.error().describe();
+  EXPECT_TRUE(debug->enable_debug);
+  EXPECT_FALSE(from_arguments({"enable-debug", "yes"}));
+  auto plain = from_arguments({});
+  ASSERT_TRUE(plain);
+  EXPECT_FALSE(plain->enable_debug);
 }
 
 TEST(ConfigurationSchema, EachUnknownKeyMessageListsEveryNameOfItsTables) {

@@ -11,6 +11,14 @@
 // bound to its connection, and every node must prove that this target is ours. Against a
 // single server nothing of this costs anything.
 //
+// A replaced server endpoint: a command whose session said hello to an endpoint the server has
+// since replaced (or whose transfer the replacement failed) is answered -REHELLO, and the
+// session is reset there. The client then says DMA.HELLO again on that connection by itself
+// (to the new address), once per command, and sends the command again: a -REHELLO is an error
+// reply, and a DMA.GET or DMA.SET answered with an error has not taken effect (a failed SET
+// leaves its key untouched). A lost connection or a timeout is never retried (a SET may have
+// happened): the call fails with kUnreachable. docs/RELIABILITY.md, "Endpoint replacement".
+//
 // Ownership: the Client owns its connections and its Target. Thread-safety: none. A hiredis
 // context must not be shared between threads, and each session is bound to its connection,
 // so use one Client per thread (each opens its own Target and says its own hello).
@@ -77,7 +85,13 @@ class DMA_EXPORT Client {
   static constexpr int kMaxRedirections = 16;
 
   struct Options {
-    // Bounds every round trip, the transfer included.
+    // Bounds every round trip, the transfer included (the hiredis connect and socket timeout):
+    // a server SIGKILLed or SIGSTOPped mid-command fails the call with kUnreachable by then.
+    // After such a failure the server may still write into the buffer the GET exposed (a
+    // stopped server resumes its transfer): closing the exposure refuses later writes on tcp
+    // and net, but on shm the server can write straight into this process's memory. So after a
+    // kUnreachable from a GET, do not reuse that buffer for anything else until the server is
+    // known to be gone; docs/RELIABILITY.md, "Client deadlines".
     std::chrono::milliseconds timeout{60000};
     // Hold a Target::Busy from each DMA command to its reply, so the target polls without
     // sleeping while the server transfers: the lowest latency for a client with a core to

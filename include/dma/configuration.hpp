@@ -93,6 +93,8 @@ struct ModuleOptions {
   std::size_t arena_bytes = kDefaultArenaBytes;
   // Largest value answered inline (in a DMA.GET's reply); 0: never.
   std::size_t inline_max = kDefaultInlineMax;
+  // DMA.DEBUG (test-only commands such as REPLACE-ENDPOINT) is accepted; refused otherwise.
+  bool enable_debug = false;
 };
 
 // Parses the module's load arguments as name/value pairs: every Configuration field under its

@@ -237,6 +237,7 @@ Result<Reply> Client::route(std::string_view key, std::span<const std::string_vi
   };
   Node* node = serving();
   bool asking = false;
+  bool rehelloed = false;
   for (int redirection = 0; redirection <= kMaxRedirections; ++redirection) {
     if (!node->proven) DMA_TRY(hello_on(*node));
     auto reply = [&]() -> Result<Reply> {
@@ -263,6 +264,16 @@ Result<Reply> Client::route(std::string_view key, std::span<const std::string_vi
         if (slots_.empty()) slots_.assign(16384, nullptr);
         slots_[static_cast<std::size_t>(redirect->slot)] = node;
       }
+      continue;
+    }
+    if (error.starts_with("REHELLO") && !rehelloed) {
+      // The server's endpoint was replaced: the session is reset there and a new hello (to the
+      // new address) is needed. The reply is an error, so the command did not take effect (a
+      // DMA.SET that fails leaves its key untouched): say hello again and send it once more.
+      // Only on this reply, never after a lost connection (a SET may have happened then).
+      rehelloed = true;
+      node->proven = false;
+      asking = false;
       continue;
     }
     if (error.starts_with("TRYAGAIN")) {

@@ -89,7 +89,7 @@ const std::array<Setting<Configuration>, 11> kConfigurationSettings{{
      "largest single RMA posted; larger pieces are split; 0: the provider's max_msg_size"},
 }};
 
-const std::array<Setting<ModuleOptions>, 4> kModuleSettings{{
+const std::array<Setting<ModuleOptions>, 5> kModuleSettings{{
     {"", "services-per-domain", Kind::kInteger, 1, kMaxServicesPerDomain,
      [](ModuleOptions& o, Value&& v) { o.services_per_domain = number_of(v); },
      [](const ModuleOptions& o) { return std::to_string(o.services_per_domain); },
@@ -108,6 +108,11 @@ const std::array<Setting<ModuleOptions>, 4> kModuleSettings{{
      [](const ModuleOptions& o) { return std::to_string(o.inline_max); },
      "largest value a DMA.GET ... INLINE answers in its reply (dma::Client also sets values "
      "up to it with DMA.SETPLAIN); 0: every value goes over the fabric"},
+    {"", "enable-debug", Kind::kBoolean, 0, 0,
+     [](ModuleOptions& o, Value&& v) { o.enable_debug = std::get<bool>(v); },
+     [](const ModuleOptions& o) { return std::string(o.enable_debug ? "true" : "false"); },
+     "accept DMA.DEBUG (REPLACE-ENDPOINT [index]: replace a service's endpoint now), for "
+     "tests; refused unless true"},
 }};
 
 std::string_view kind_name(Kind kind) {
