@@ -60,7 +60,8 @@ class OursLoop {
   OursLoop(const OursLoop&) = delete;
   OursLoop& operator=(const OursLoop&) = delete;
 
-  std::span<const std::uint8_t> local_address() const noexcept { return service_->local_address(); }
+  // A copy: FabricService::local_address() is one (it changes when the endpoint is replaced).
+  std::vector<std::uint8_t> local_address() const { return service_->local_address(); }
   EndpointDescription describe() const { return service_->describe(); }
 
   // Runs one window; per-transfer latencies inside it go to `samples` (reserved by the caller).
