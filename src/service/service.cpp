@@ -47,7 +47,8 @@ TransferRequest TransferRequest::single(std::uint64_t client_id, FabricAddress p
 //
 // Endpoint replacement. A service is a succession of generations, each one endpoint with its
 // own worker thread and channel; `current` is where new transfers go. A generation retires when
-// its worker finds the endpoint wedged (expiry.hpp; it then calls on_retired), when the
+// its worker finds the endpoint wedged (expiry.hpp; it then calls on_retired and is retired once
+// the new endpoint is in place), when the
 // watchdog finds its worker stuck inside a libfabric call, or on replace_endpoint(). The service
 // then opens a new generation, replays into its channel the peers add_peer() made and the pins
 // that are still live, and routes new submissions there. A retired worker keeps its endpoint
@@ -253,7 +254,9 @@ Status FabricService::Impl::replace(const std::string& reason, Cause cause) {
   totals->counters.replacements.fetch_add(1, std::memory_order_relaxed);
   if (cause == Cause::kStuck) old->shared->channel.close();  // submit() then retries here
   move_waiting(*old);
-  if (cause == Cause::kAsked) (void)old->shared->channel.push(internal::RetireMessage{reason});
+  // A wedged or asked-for endpoint retires only now, with its successor in place (a caller told
+  // "endpoint replaced" and saying hello again must find the new one).
+  if (cause != Cause::kStuck) (void)old->shared->channel.push(internal::RetireMessage{reason});
   log_line("endpoint replaced (" + reason + "); new address " +
            std::to_string(current.load()->address.size()) + " bytes, generation " +
            std::to_string(generation.load()));
@@ -317,6 +320,18 @@ void FabricService::Impl::check_stuck(std::chrono::steady_clock::time_point now)
   if (now - watched->seen_at < configuration.stuck_deadline) return;
   const std::string reason = "the fabric worker has been inside one libfabric call for over " +
                              std::to_string(configuration.stuck_deadline.count()) + " ms";
+  {
+    std::lock_guard lock(mutex);
+    watched->abandoned = true;
+  }
+  totals->counters.abandoned.fetch_add(1, std::memory_order_relaxed);
+  log_line("abandoning a stuck fabric worker: " + reason);
+  // The new endpoint first, so the callers answered below find it in place when they say
+  // hello again. A stuck worker that ever returns finds itself retired by abandon(), or its
+  // channel closed.
+  if (Status replaced = replace(reason, Cause::kStuck); !replaced) {
+    log_line("could not replace the stuck endpoint: " + replaced.error().describe());
+  }
   if (shared.gate.claim()) {
     // The worker cannot touch its table until released: answer everything in it now.
     watched->worker->abandon(Error(ErrorCode::kFabric, "endpoint replaced: " + reason));
@@ -326,16 +341,6 @@ void FabricService::Impl::check_stuck(std::chrono::steady_clock::time_point now)
              std::to_string(configuration.stuck_deadline.count()) +
              " ms outside a libfabric call it could be relieved from; its transfers are answered "
              "only if it returns");
-  }
-  {
-    std::lock_guard lock(mutex);
-    watched->abandoned = true;
-  }
-  totals->counters.abandoned.fetch_add(1, std::memory_order_relaxed);
-  log_line("abandoning a stuck fabric worker: " + reason);
-  // A stuck worker that ever returns finds itself retired by abandon(), or its channel closed.
-  if (Status replaced = replace(reason, Cause::kStuck); !replaced) {
-    log_line("could not replace the stuck endpoint: " + replaced.error().describe());
   }
 }
 

@@ -99,8 +99,13 @@ bool Worker::step(bool may_block) {
   const std::size_t queued = table_.pending.size();
   post();
   const bool dry = reap();
-  if (std::optional<std::string> wedged = expiry_.check(table_); wedged && !retired_) {
-    retire("the endpoint is wedged: " + *wedged, true);
+  if (std::optional<std::string> wedged = expiry_.check(table_);
+      wedged && !retired_ && !wedge_reported_) {
+    // The service opens the new endpoint first and only then retires this one (a
+    // RetireMessage), so a caller answered "endpoint replaced" finds the new one in place when
+    // it says hello again (a re-HELLO's proof read posted here would fail too).
+    wedge_reported_ = true;
+    if (shared_->on_retired) shared_->on_retired("the endpoint is wedged: " + *wedged);
   }
   delivery_.flush(dry, false);
   // Progress: a message taken, something posted, or a completion reaped.

@@ -10,7 +10,7 @@
 //   4. fails, as timed out, posted transfers past the completion deadline (expiry.hpp);
 //   5. hands completions to the batch completer, checksummed ones via the CRC pool
 //      (delivery.hpp), a partial batch flushed when the queue runs dry or before parking;
-//   4a. retires the endpoint when that check finds it wedged (expiry.hpp): the service then
+//   4a. tells the service when that check finds the endpoint wedged (expiry.hpp): the service
 //       opens a new one and this worker only drains (service.hpp, "Endpoint replacement");
 //   6. parks on the channel when nothing is queued or live in flight (no spinning while idle;
 //      with expired pieces held it wakes every kHeldPollInterval to reap them), and naps on it
@@ -161,6 +161,7 @@ class Worker {
   std::uint64_t naps_ = 0;
   std::uint64_t turns_ = 0;
   bool retired_ = false;
+  bool wedge_reported_ = false;  // told the service once; it retires this endpoint after
   std::string retired_reason_;
 };
 
