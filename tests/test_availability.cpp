@@ -325,7 +325,10 @@ TEST_P(StuckWorker, watchdog_answers_its_callers_replaces_the_endpoint_and_shutd
   // If this fails, a worker stuck inside libfabric (shm spinning on a dead target's lock)
   // silently stops the service: nobody answers its callers and shutdown never returns.
   Configuration configuration = loopback(GetParam());
-  configuration.stuck_deadline = std::chrono::milliseconds(200);
+  // Long enough that a worker which is merely slow (ThreadSanitizer on a loaded two-core
+  // machine: a 200 ms deadline found the *new* worker "stuck" too, in one CI run) is not taken
+  // for stuck; the hook below holds the stuck one for as long as the test needs.
+  configuration.stuck_deadline = std::chrono::milliseconds(2000);
   Log log;  // before the collector: contexts it still holds log into it when destroyed
   Collector collector;
   auto service = start_service(configuration, collector);
