@@ -103,7 +103,7 @@ TEST_P(Availability, a_raw_session_is_told_rehello_and_may_say_hello_again) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Providers, Availability, ::testing::Values("tcp", "shm"),
-                         [](const auto& info) { return info.param; });
+                         [](const auto& instance) { return instance.param; });
 
 TEST(AvailabilityDebug, dma_debug_is_refused_unless_enabled) {
   // If this fails, any client could replace the server's endpoint on a production server.

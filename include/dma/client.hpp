@@ -19,6 +19,26 @@
 // leaves its key untouched). A lost connection or a timeout is never retried (a SET may have
 // happened): the call fails with kUnreachable. docs/RELIABILITY.md, "Endpoint replacement".
 //
+// A command that fails without its reply (kUnreachable: the server was SIGKILLed, SIGSTOPped
+// past Options::timeout, or the network went): every round trip ends by Options::timeout, but
+// the server may still be alive and may still move a DMA.GET's value into the buffer that GET
+// advertised (a stopped server resumes where it stopped, or reads the command still queued on
+// the socket and starts the transfer). So that buffer is not handed back for reuse until no
+// write can land in it any more, which is decided so:
+//   - Every provider lands a remote write through this process's own endpoint (tcp and net in
+//     their progress, shm in its progress, which copies from the server with
+//     process_vm_readv; verbs and efa through the NIC). A write that starts after the
+//     exposure closed is refused (measured on tcp, net and shm: test_module_client_deadlines),
+//     but one already admitted may still be landing (tcp streams its payload). Once this
+//     Client's Target is closed (~Client), nothing lands: that ends it everywhere.
+//   - On shm the server is a process on this host, named by its address: once it has exited,
+//     nothing of it can be copied in either, and the buffer is free while the Client lives.
+// server_may_write() answers for any memory; while it is true for a buffer, get() refuses to
+// land there. get(key)'s own buffer is held by the Client until then. A failed DMA.SET leaves
+// nothing behind: the server only reads its buffer, and a late read of changed bytes fails
+// the server's CRC32C check (the key stays untouched). docs/RELIABILITY.md, "Client deadlines
+// and buffer reuse".
+//
 // Ownership: the Client owns its connections and its Target. Thread-safety: none. A hiredis
 // context must not be shared between threads, and each session is bound to its connection,
 // so use one Client per thread (each opens its own Target and says its own hello).
@@ -87,11 +107,8 @@ class DMA_EXPORT Client {
   struct Options {
     // Bounds every round trip, the transfer included (the hiredis connect and socket timeout):
     // a server SIGKILLed or SIGSTOPped mid-command fails the call with kUnreachable by then.
-    // After such a failure the server may still write into the buffer the GET exposed (a
-    // stopped server resumes its transfer): closing the exposure refuses later writes on tcp
-    // and net, but on shm the server can write straight into this process's memory. So after a
-    // kUnreachable from a GET, do not reuse that buffer for anything else until the server is
-    // known to be gone; docs/RELIABILITY.md, "Client deadlines".
+    // The connection is unusable afterwards (make a new Client), and the buffer a failed GET
+    // advertised stays the server's while server_may_write() says so (top of this file).
     std::chrono::milliseconds timeout{60000};
     // Hold a Target::Busy from each DMA command to its reply, so the target polls without
     // sleeping while the server transfers: the lowest latency for a client with a core to
@@ -147,6 +164,14 @@ class DMA_EXPORT Client {
   Result<std::optional<std::size_t>> get(std::string_view key, const Exposed& landing);
   Status set(std::string_view key, const Exposed& value, std::size_t length);
 
+  // True while a server may still write into some byte of `memory` because a DMA.GET that
+  // advertised it failed without its reply (top of this file). Asks afresh each time: on shm,
+  // one poll of each such server's pidfd.
+  bool server_may_write(std::span<const std::byte> memory);
+  // How many buffers of failed DMA.GETs a server may still write into (get(key)'s own among
+  // them, held by the Client).
+  std::size_t unsettled();
+
   // The largest value that travels inline: Options::inline_max capped by the server's
   // inline-max (the smallest of the nodes' said hello to, in a cluster), known after hello()
   // (0 before).
@@ -192,10 +217,25 @@ class DMA_EXPORT Client {
                                                   std::uint32_t crc);
   // A Busy token when busy_poll is on, else an empty one.
   Target::Busy busy();
+  // route() for a DMA.GET that advertises `landing`: a failure after the command was sent
+  // without its reply leaves `landing` to the server (left_), and the error says so.
+  Result<redis::Reply> route_landing(std::string_view key,
+                                     const std::vector<std::string>& arguments,
+                                     const Exposed& landing);
+  // kInvalidArgument if a server may still write into `memory`.
+  Status refuse_if_left(std::span<const std::byte> memory);
+  // Drops what no server can write into any more.
+  void settle();
+  // A buffer a failed DMA.GET left to its server, and how to tell it is back. Defined in
+  // client.cpp.
+  struct Left;
   std::chrono::milliseconds timeout_;
   bool busy_poll_;
   std::size_t inline_wanted_;  // Options::inline_max
   std::size_t inline_max_ = 0;
+  // Declared before the target, so destroyed after it: held buffers are freed only once the
+  // target's endpoint is closed.
+  std::vector<Left> left_;
   std::unique_ptr<Target> target_;
   // nodes_[0] is the server connect() reached; the others were named by redirections. Declared
   // after the target, so destroyed before it: the connections close (and the servers drop the
@@ -205,6 +245,10 @@ class DMA_EXPORT Client {
   // first -MOVED, so a single server never hashes a key.
   std::vector<Node*> slots_;
   std::vector<std::vector<std::uint8_t>> server_addresses_;
+  // The node route() last sent a command to, and whether that command was written out (a
+  // failure before that leaves nothing to the server).
+  Node* routed_ = nullptr;
+  bool routed_sent_ = false;
 };
 
 }  // namespace dma

@@ -8,6 +8,8 @@
 #include <thread>
 
 #include "dma/protocol.hpp"
+#include "fabric/peer_process.hpp"
+#include "fabric/shm_regions.hpp"
 
 namespace dma {
 namespace {
@@ -151,6 +153,24 @@ struct Client::Node {
   redisContext* connection;
   std::string name;  // "host:port", as connect() was given it or a redirection named it
   bool proven = false;
+  // shm: the server process its address names (hello), whose exit ends its writes into what a
+  // failed DMA.GET left it. Null elsewhere, or for an shm address that names no pid.
+  std::shared_ptr<const internal::PeerProcess> process;
+};
+
+struct Client::Left {
+  const std::byte* begin = nullptr;
+  std::size_t length = 0;
+  // shm: the server's process, whose exit ends its writes before the target closes (null
+  // elsewhere, or if its address named no pid). Closing the target ends them on every provider.
+  std::shared_ptr<const internal::PeerProcess> process;
+  std::vector<std::byte> owned;  // get(key)'s own buffer, held until settled
+
+  bool overlaps(std::span<const std::byte> memory) const noexcept {
+    const auto* end = begin + length;
+    return !memory.empty() && memory.data() < end && begin < memory.data() + memory.size();
+  }
+  bool settled() const { return process != nullptr && process->exited(); }
 };
 
 namespace {
@@ -186,7 +206,55 @@ Client::Client(redisContext* connection, std::string name, std::unique_ptr<Targe
 
 Target::Busy Client::busy() { return busy_poll_ ? target_->busy() : Target::Busy(); }
 
-Client::~Client() = default;
+// The connections close first (servers drop the sessions), then the target, then what failed
+// GETs left to their servers: once the target's endpoint is closed nothing lands in it.
+Client::~Client() {
+  nodes_.clear();
+  target_.reset();
+}
+
+void Client::settle() {
+  std::erase_if(left_, [](const Left& left) { return left.settled(); });
+}
+
+bool Client::server_may_write(std::span<const std::byte> memory) {
+  settle();
+  return std::any_of(left_.begin(), left_.end(),
+                     [&](const Left& left) { return left.overlaps(memory); });
+}
+
+std::size_t Client::unsettled() {
+  settle();
+  return left_.size();
+}
+
+Status Client::refuse_if_left(std::span<const std::byte> memory) {
+  if (left_.empty() || !server_may_write(memory)) return {};
+  return fail(ErrorCode::kInvalidArgument,
+              "DMA.GET: a server may still write into this buffer (an earlier DMA.GET into it "
+              "failed without its reply); see Client::server_may_write");
+}
+
+Result<Reply> Client::route_landing(std::string_view key,
+                                    const std::vector<std::string>& arguments,
+                                    const Exposed& landing) {
+  routed_ = nullptr;
+  routed_sent_ = false;
+  auto reply = route(key, arguments, /*transfers=*/true);
+  if (reply || reply.error().code() != ErrorCode::kUnreachable || !routed_sent_ ||
+      routed_ == nullptr) {
+    return reply;
+  }
+  // Sent, never answered: the server may have the command and may still do its write.
+  Left left;
+  left.begin = landing.data();
+  left.length = landing.length();
+  left.process = routed_->process;
+  left_.push_back(std::move(left));
+  return fail(ErrorCode::kUnreachable,
+              reply.error().message() +
+                  "; the server may still write into the buffer (Client::server_may_write)");
+}
 
 std::size_t Client::sessions() const noexcept {
   return static_cast<std::size_t>(
@@ -240,6 +308,8 @@ Result<Reply> Client::route(std::string_view key, std::span<const std::string_vi
   bool rehelloed = false;
   for (int redirection = 0; redirection <= kMaxRedirections; ++redirection) {
     if (!node->proven) DMA_TRY(hello_on(*node));
+    routed_ = node;
+    routed_sent_ = false;
     auto reply = [&]() -> Result<Reply> {
       const Target::Busy busy = transfers ? this->busy() : Target::Busy();
       if (asking) {
@@ -247,11 +317,13 @@ Result<Reply> Client::route(std::string_view key, std::span<const std::string_vi
         const std::string_view ask[] = {"ASKING"};
         DMA_TRY(redis::send(node->connection, ask));
         DMA_TRY(redis::send(node->connection, arguments));
+        routed_sent_ = true;
         DMA_TRY_ASSIGN(const Reply asked, redis::receive(node->connection));
         (void)asked;  // +OK; an error here shows in the command's own reply
         return redis::receive(node->connection);
       }
       DMA_TRY(redis::send(node->connection, arguments));
+      routed_sent_ = true;
       return redis::receive(node->connection);
     }();
     if (!reply) return fail(std::move(reply).error());
@@ -327,6 +399,12 @@ Status Client::hello_on(Node& node) {
     DMA_TRY(target_->add_initiator(address));
     addresses.push_back(std::move(address));
   }
+  if (target_->describe().provider == "shm") {
+    // Every endpoint of a server is in its one process: the first address names it.
+    if (const auto owner = internal::shm_address_owner(addresses.front())) {
+      node.process = std::make_shared<const internal::PeerProcess>(*owner, addresses.front());
+    }
+  }
 
   // The proof: the nonce in memory exposed on our own endpoint, read back by the server. The
   // buffer and its registration only have to live until DMA.PROVE's reply.
@@ -358,7 +436,8 @@ Result<std::optional<Client::Answer>> Client::get_inline(std::string_view key, s
   std::vector<std::string> arguments{"DMA.GET", std::string(key), "INLINE", std::to_string(most)};
   if (landing != nullptr) arguments = with_region(std::move(arguments), *landing);
   // Only a transfer into `landing` needs the target's progress before the reply.
-  auto reply = route(key, arguments, /*transfers=*/landing != nullptr);
+  auto reply = landing != nullptr ? route_landing(key, arguments, *landing)
+                                  : route(key, arguments, /*transfers=*/false);
   if (!reply) return fail(std::move(reply).error());
   const redisReply& got = **reply;
   if (got.type == REDIS_REPLY_NIL) return std::optional<Answer>();
@@ -425,6 +504,14 @@ Result<std::optional<std::vector<std::byte>>> Client::get(std::string_view key) 
       value.resize(**got);
       return std::optional<std::vector<std::byte>>(std::move(value));
     }
+    if (got.error().code() == ErrorCode::kUnreachable) {
+      // If the server may still write into `value`, the Client holds it (moving a vector keeps
+      // its storage where the server was told to write).
+      for (Left& left : left_) {
+        if (left.begin == value.data() && left.owned.empty()) left.owned = std::move(value);
+      }
+      return fail(std::move(got).error());
+    }
     // The value may have grown since its length was read: look again, and give up if it did
     // not change or after three tries.
     const std::uint64_t was = answer->length;
@@ -460,6 +547,7 @@ Result<std::optional<std::size_t>> Client::get(std::string_view key,
 }
 
 Result<std::optional<std::size_t>> Client::get(std::string_view key, const Exposed& landing) {
+  DMA_TRY(refuse_if_left(std::span<const std::byte>(landing.data(), landing.length())));
   if (inline_max_ != 0) {
     // Inline if the value fits both; otherwise the server writes it into `landing`.
     DMA_TRY_ASSIGN(const auto answer,
@@ -478,7 +566,7 @@ Result<std::optional<std::size_t>> Client::get(std::string_view key, const Expos
   }
   // The server writes into `landing` before replying.
   DMA_TRY_ASSIGN(const auto reply,
-                 route(key, with_region({"DMA.GET", std::string(key)}, landing), true));
+                 route_landing(key, with_region({"DMA.GET", std::string(key)}, landing), landing));
   if (reply->type == REDIS_REPLY_NIL) return std::optional<std::size_t>();
   DMA_TRY_ASSIGN(const auto answer, length_and_crc(*reply, "DMA.GET"));
   const auto [length, crc] = answer;
