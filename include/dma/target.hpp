@@ -115,6 +115,11 @@ class DMA_EXPORT Target {
   // Inserts an initiator's (server's) address into this target's address vector. efa-direct
   // requires the target to know its initiator; elsewhere it is harmless.
   Status add_initiator(std::span<const std::uint8_t> address);
+  // Whether the process behind an initiator's address (one add_initiator was given) is known to
+  // have exited. Only an shm address names its process (watched with a pidfd from
+  // add_initiator on); for any other address, or one never added, false: it cannot be known.
+  // dma::Client asks it before handing back a buffer a failed DMA.GET left to that server.
+  bool initiator_exited(std::span<const std::uint8_t> address) const;
 
   // Orders this process's own accesses to exposed memory against the provider's. Call it
   // before touching an exposed buffer yourself (after an RPC reply told you the server's

@@ -8,8 +8,6 @@
 #include <thread>
 
 #include "dma/protocol.hpp"
-#include "fabric/peer_process.hpp"
-#include "fabric/shm_regions.hpp"
 
 namespace dma {
 namespace {
@@ -153,24 +151,23 @@ struct Client::Node {
   redisContext* connection;
   std::string name;  // "host:port", as connect() was given it or a redirection named it
   bool proven = false;
-  // shm: the server process its address names (hello), whose exit ends its writes into what a
-  // failed DMA.GET left it. Null elsewhere, or for an shm address that names no pid.
-  std::shared_ptr<const internal::PeerProcess> process;
+  // The server's first endpoint address (hello): Target::initiator_exited tells, on shm, when
+  // its process is gone and with it its writes into what a failed DMA.GET left it.
+  std::vector<std::uint8_t> address;
 };
 
 struct Client::Left {
   const std::byte* begin = nullptr;
   std::size_t length = 0;
-  // shm: the server's process, whose exit ends its writes before the target closes (null
-  // elsewhere, or if its address named no pid). Closing the target ends them on every provider.
-  std::shared_ptr<const internal::PeerProcess> process;
+  // The server's address. Closing the target ends its writes on every provider; on shm its
+  // process's exit ends them before that (Target::initiator_exited).
+  std::vector<std::uint8_t> server;
   std::vector<std::byte> owned;  // get(key)'s own buffer, held until settled
 
   bool overlaps(std::span<const std::byte> memory) const noexcept {
     const auto* end = begin + length;
     return !memory.empty() && memory.data() < end && begin < memory.data() + memory.size();
   }
-  bool settled() const { return process != nullptr && process->exited(); }
 };
 
 namespace {
@@ -214,7 +211,8 @@ Client::~Client() {
 }
 
 void Client::settle() {
-  std::erase_if(left_, [](const Left& left) { return left.settled(); });
+  std::erase_if(left_,
+                [this](const Left& left) { return target_->initiator_exited(left.server); });
 }
 
 bool Client::server_may_write(std::span<const std::byte> memory) {
@@ -249,7 +247,7 @@ Result<Reply> Client::route_landing(std::string_view key,
   Left left;
   left.begin = landing.data();
   left.length = landing.length();
-  left.process = routed_->process;
+  left.server = routed_->address;
   left_.push_back(std::move(left));
   return fail(ErrorCode::kUnreachable,
               reply.error().message() +
@@ -399,12 +397,8 @@ Status Client::hello_on(Node& node) {
     DMA_TRY(target_->add_initiator(address));
     addresses.push_back(std::move(address));
   }
-  if (target_->describe().provider == "shm") {
-    // Every endpoint of a server is in its one process: the first address names it.
-    if (const auto owner = internal::shm_address_owner(addresses.front())) {
-      node.process = std::make_shared<const internal::PeerProcess>(*owner, addresses.front());
-    }
-  }
+  // Every endpoint of a server is in its one process: the first address names it.
+  node.address = addresses.front();
 
   // The proof: the nonce in memory exposed on our own endpoint, read back by the server. The
   // buffer and its registration only have to live until DMA.PROVE's reply.

@@ -1,5 +1,6 @@
 #include "dma/target.hpp"
 
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <condition_variable>
@@ -11,6 +12,8 @@
 #include "fabric/endpoint.hpp"
 #include "fabric/liveness_mark.hpp"
 #include "fabric/peer_addresses.hpp"
+#include "fabric/peer_process.hpp"
+#include "fabric/shm_regions.hpp"
 
 namespace dma {
 
@@ -39,6 +42,11 @@ struct Target::Impl {
   // shm: held by the progress thread while it runs, so initiators read our liveness from
   // shared memory instead of polling our pidfd per transfer (liveness_mark.hpp).
   std::unique_ptr<internal::LivenessMark> mark;
+  // shm: the processes behind the initiators' addresses (initiator_exited), by address. Its
+  // own lock: a question about a process never waits for the endpoint.
+  mutable std::mutex watches_mutex;
+  std::vector<std::pair<std::vector<std::uint8_t>, std::unique_ptr<internal::PeerProcess>>>
+      watches;
   std::thread progress;
 
   // One progress poll; the caller holds `mutex`.
@@ -258,7 +266,32 @@ Status Target::add_initiator(std::span<const std::uint8_t> address) {
                              : Error(ErrorCode::kFabric, "fi_av_insert inserted 0 addresses"));
   }
   impl_->initiators.push_back(handle);
+  if (impl_->endpoint->describe().provider == "shm") {
+    if (const auto owner = internal::shm_address_owner(address)) {
+      const std::lock_guard watching(impl_->watches_mutex);
+      // A client says hello again after a replacement: one watch per address is enough.
+      const bool watched = std::any_of(
+          impl_->watches.begin(), impl_->watches.end(), [&](const auto& watch) {
+            return std::equal(watch.first.begin(), watch.first.end(), address.begin(),
+                              address.end());
+          });
+      if (!watched) {
+        impl_->watches.emplace_back(std::vector<std::uint8_t>(address.begin(), address.end()),
+                                    std::make_unique<internal::PeerProcess>(*owner, address));
+      }
+    }
+  }
   return {};
+}
+
+bool Target::initiator_exited(std::span<const std::uint8_t> address) const {
+  const std::lock_guard watching(impl_->watches_mutex);
+  for (const auto& [watched, process] : impl_->watches) {
+    if (std::equal(watched.begin(), watched.end(), address.begin(), address.end())) {
+      return process->exited();
+    }
+  }
+  return false;
 }
 
 }  // namespace dma
