@@ -2,7 +2,7 @@
 // clients or the server under them, and checks every byte that comes back.
 //
 //   dma-soak --provider tcp|net|shm --clients N --duration S [--max-size B]
-//            [--kill-every S | --kill-server-every S]
+//            [--kill-every S | --kill-server-every S] [--series FILE]
 //
 // The parent starts redis-server with the module on loopback (support/redis_server.hpp), then runs
 // N client *processes* (`dma-soak client ...`, this same executable), so that a client can be
@@ -18,10 +18,12 @@
 // Modes:
 //   --kill-every S         SIGKILL one client (round robin) every S seconds and start a
 //                          replacement in its slot (which first deletes its predecessor's keys).
-//   --kill-server-every S  SIGKILL the redis-server S seconds after each incarnation started and
-//                          start the next on the same port with the same module arguments. The
-//                          clients keep running: their connections break and they reconnect to
-//                          the new server, which is empty (--save '', no AOF).
+//   --kill-server-every S  SIGKILL the redis-server S seconds after each incarnation started (not
+//                          on a fixed clock, so each restart's recovery window lies within the
+//                          life of the server it judges) and start the next on the same port
+//                          with the same module arguments. The clients keep running: their
+//                          connections break and they reconnect to the new server, which is
+//                          empty (--save '', no AOF).
 //   neither                the clients run undisturbed (judged like --kill-every with 0 kills).
 //
 // Reports: clients print cumulative counters on stdout every 250 ms ("stats ..." lines); every
@@ -30,14 +32,16 @@
 // and at the end a report: operations, bytes, errors by cause, mismatches, the server's count of
 // failed transfers (INFO dma, dma_errors), the throughput level and each kill's recovery, the
 // server's RSS at start and end (with --kill-server-every: the last incarnation's), and PASS or
-// FAIL with the rule that was applied:
+// FAIL with the rule that was applied (and, for a kill that did not recover, when it was;
+// --series FILE writes the time series and the kill times for a closer look):
 //   always                 0 mismatches, no client exited on its own, the server never died on
 //                          its own and exits 0 when stopped, some work done, and every kill
 //                          recovered: the rate over [t+1 s, t+2 s] after it (t: the SIGKILL of a
 //                          client; the moment a new server answered PING) is at least 0.75 x the
 //                          level, the median 1 s rate (see kRecovered).
-//   clients killed         no error seen by a live client (a killed client cannot report the
-//                          operation it died in, so every reported error is a live client's),
+//   clients killed         no error seen by a live client, in an operation or a reconnect (a
+//                          killed client cannot report the operation it died in, so every
+//                          reported error is a live client's),
 //                          and at most kills x 1 (kInFlightPerClient) failed transfers counted
 //                          by the server.
 //   server killed          at most clients x server kills operation errors (each client loses at
@@ -114,7 +118,8 @@ constexpr double kRecoveryTo = kRecoveryFrom + kWindow;
 constexpr double kRecovered = 0.75;
 
 // A restarted server binds the port its predecessor listened on, which can be busy for a moment
-// after the SIGKILL; RedisServer::start does not retry on a port it was given, so we do.
+// after the SIGKILL; RedisServer::start does not retry on a port it was given, so we do (any
+// failure: the last attempt's error, with the server's log, is what gets reported).
 constexpr int kRestartAttempts = 5;
 constexpr auto kRestartBackoff = 200ms;
 
@@ -778,12 +783,14 @@ class Soak {
     for (double now = elapsed(); now < options_.duration; now = elapsed()) {
       const double wake = std::min({next_sample, next_client_kill, next_server_kill,
                                     options_.duration});
-      clients_->collect(std::chrono::milliseconds(static_cast<long>(std::max(0.0, wake - now) * 1000)));
+      clients_->collect(
+          std::chrono::milliseconds(static_cast<long>(std::ceil(std::max(0.0, wake - now) * 1000))));
       now = elapsed();
       if (now >= next_sample) {
         sample();
-        // After a server restart the loop is behind: the next sample is one interval from now.
-        next_sample = std::max(next_sample + kReportSeconds, now + kReportSeconds / 2);
+        next_sample += kReportSeconds;
+        // Behind after a server restart (we waited for the new one): one interval from now.
+        if (next_sample <= now) next_sample = now + kReportSeconds;
       }
       if (now >= next_client_kill) {
         kills_at_.push_back(elapsed());
@@ -978,7 +985,8 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(std::size_t{1}, std::size_t{1} << 30));
   CLI::Option* kill_every = app.add_option(
       "--kill-every", options.kill_every,
-      "SIGKILL one client (round robin) and restart it every this many seconds; 0: never");
+      "SIGKILL one client (round robin) and restart it every this many seconds; 0: never")
+      ->check(CLI::NonNegativeNumber);
   // At least 2 s, so that each kill's recovery window [t+1 s, t+2 s] falls within the life of
   // the server it judges.
   app.add_option("--kill-server-every", options.kill_server_every,
