@@ -793,6 +793,9 @@ class Soak {
         if (next_sample <= now) next_sample = now + kReportSeconds;
       }
       if (now >= next_client_kill) {
+        // The count at the kill: the victim's operations since its last report are lost with it,
+        // which this keeps out of the windows before the kill.
+        sample();
         kills_at_.push_back(elapsed());
         if (!clients_->kill_and_replace(victim)) return false;
         victim = (victim + 1) % options_.clients;
