@@ -94,15 +94,25 @@ fuzz: deps
 	if [ -n "$$crashed" ]; then echo "fuzz targets crashed:$$crashed (inputs in build-fuzz/crashes/)"; exit 1; fi; \
 	echo "all fuzz targets ran $(FUZZ_SECONDS) s without a crash"
 
-# The module under many clients, some SIGKILLed mid-transfer, every GET checked (not in CI):
-# SOAK_SECONDS per provider, tcp, net then shm, a client killed every 2 s. Fails if any value
-# read back differs, or the server does not exit 0.
+# The module under SOAK_CLIENTS client processes, every GET checked (issue 13; not in CI): for tcp,
+# net then shm, SOAK_SECONDS each of
+#   - a client SIGKILLed mid-transfer every 2 s: 0 mismatches, no error seen by a live client, at
+#     most one failed transfer on the server per kill, throughput back to its level within 2 s of
+#     each kill, server exit 0;
+#   - the server SIGKILLed 10 s after each start and restarted on its port under the clients,
+#     which reconnect: 0 mismatches, at most one lost operation per client per server kill, every
+#     restart started and recovered within 2 s, the last server exits 0. 10 s: a restart and the
+#     reconnects take well under a second, so most of the 1 s windows the throughput level is the
+#     median of are undisturbed, and 120 s still makes 11 restarts.
+# Stops at the first FAIL (dma-soak exits 1; its report says which rule did not hold).
 SOAK_SECONDS ?= 120
 SOAK_CLIENTS ?= 4
 soak: build
 	for provider in tcp net shm; do \
-	  ./build/bin/dma-soak --provider $$provider --clients $(SOAK_CLIENTS) \
-	    --duration $(SOAK_SECONDS) --max-size 1048576 --kill-every 2 || exit 1; \
+	  for kill in "--kill-every 2" "--kill-server-every 10"; do \
+	    ./build/bin/dma-soak --provider $$provider --clients $(SOAK_CLIENTS) \
+	      --duration $(SOAK_SECONDS) --max-size 1048576 $$kill || exit 1; \
+	  done; \
 	done
 
 clean:
