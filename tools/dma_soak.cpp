@@ -624,7 +624,7 @@ struct Recovery {
   std::optional<double> level;  // ops/s; nullopt if the run is too short to have one
   std::vector<double> ratios;   // one per judged kill
   std::vector<std::pair<double, double>> slow;  // the kills not recovered: time, ratio
-  std::size_t not_judged = 0;   // kills whose window runs past the end (or without a level)
+  std::size_t not_judged = 0;   // kills whose window runs past the end
 
   std::size_t not_recovered() const { return slow.size(); }
 };
@@ -640,8 +640,14 @@ Recovery judge_recovery(const Series& series, const std::vector<double>& kills) 
   }
   if (!rates.empty()) recovery.level = median(rates);
   for (const double at : kills) {
-    if (!recovery.level || *recovery.level <= 0 || at + kRecoveryTo > series.end()) {
+    if (at + kRecoveryTo > series.end()) {
       ++recovery.not_judged;
+      continue;
+    }
+    if (!recovery.level || *recovery.level <= 0) {
+      // No level to come back to: nothing ran for most of the run (or it was too short to tell),
+      // which is no recovery.
+      recovery.slow.emplace_back(at, 0.0);
       continue;
     }
     const double ratio = series.rate(at + kRecoveryFrom, at + kRecoveryTo) / *recovery.level;
@@ -887,6 +893,7 @@ class Soak {
                           " recovered within 2 s (rate over [t+1 s, t+2 s] >= " +
                           fixed(kRecovered, 2) + " x level)",
                       recovery.not_recovered() == 0});
+    checks.push_back({"a throughput level above 0", recovery.level && *recovery.level > 0});
     const std::string incarnation = options_.kills_server() ? " (last incarnation)" : "";
     print_line("server RSS", megabytes(server_.rss_at_start()) + " at start, " +
                                  megabytes(rss_end) + " at end" + incarnation);

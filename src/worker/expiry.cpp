@@ -16,19 +16,51 @@ std::optional<std::string> Expiry::check(OpTable& table) {
   return wedged;
 }
 
+namespace {
+
+// Nothing of `op`'s direction has completed since it was posted, and later posts wait behind
+// it: how many, or 0.
+std::uint64_t stuck_behind(const OpTable& table, const Op& op) {
+  const auto direction = static_cast<std::size_t>(op.request.direction);
+  if (table.reaped[direction] != op.reaped_at_post) return 0;
+  const std::uint64_t later = table.first_posts[direction];
+  return later > op.post_serial ? later - op.post_serial : 0;
+}
+
+std::string stopped_completing(const Op& op, std::uint64_t behind, const std::string& which) {
+  return std::string(op.request.direction == Direction::kToPeer ? "writes" : "reads") +
+         " stopped completing: one " + which + " never completed and the " +
+         std::to_string(behind) + " posted after it are stuck behind it";
+}
+
+}  // namespace
+
+std::optional<std::string> Expiry::dead_peer_wedge(const OpTable& table, const Op& op,
+                                                   WorkerClock::time_point now) const {
+  if (!op.peer_entry || now - op.posted_at < kDeadPeerGrace) return std::nullopt;
+  const PeerProcess* owner = op.peer_entry->owner();
+  if (owner == nullptr) return std::nullopt;
+  const std::uint64_t behind = stuck_behind(table, op);
+  if (behind == 0 || !owner->exited(now, kDeadPeerGrace)) return std::nullopt;
+  return stopped_completing(op, behind,
+                            "posted to a peer whose process (pid " +
+                                std::to_string(owner->pid()) + ") has since exited");
+}
+
 std::optional<std::string> Expiry::expire_overdue(OpTable& table, WorkerClock::time_point now) {
   std::optional<std::string> wedged;
   for (const auto& owned : table.pieces()) {
     Op* op = owned->op;
-    if (op == nullptr || op->expired || now - op->posted_at < deadline_) continue;
-    const auto direction = static_cast<std::size_t>(op->request.direction);
-    if (!wedged && table.reaped[direction] == op->reaped_at_post &&
-        table.first_posts[direction] > op->post_serial) {
-      wedged = std::string(op->request.direction == Direction::kToPeer ? "writes" : "reads") +
-               " stopped completing: one posted " + std::to_string(deadline_.count()) +
-               " ms ago never completed and the " +
-               std::to_string(table.first_posts[direction] - op->post_serial) +
-               " posted after it are stuck behind it";
+    if (op == nullptr || op->expired) continue;
+    if (now - op->posted_at < deadline_) {
+      if (!wedged) wedged = dead_peer_wedge(table, *op, now);
+      continue;
+    }
+    if (!wedged) {
+      if (const std::uint64_t behind = stuck_behind(table, *op); behind > 0) {
+        wedged = stopped_completing(*op, behind,
+                                    "posted " + std::to_string(deadline_.count()) + " ms ago");
+      }
     }
     counters_.expired.fetch_add(1, std::memory_order_relaxed);
     // Replaces an error a piece already reported: the caller learns the transfer is over now,

@@ -21,6 +21,14 @@
 // the other peers' transfers keep completing. (An endpoint whose only traffic is to one stopped
 // peer matches too; replacing it costs that peer's transfers nothing they were not losing.)
 //
+// A wedge is also seen without waiting for the deadline: a transfer to an shm peer whose
+// process has exited never completes (its target's progress does shm's copy and sends the
+// acknowledgement), so one posted at least kDeadPeerGrace ago to a peer found dead, with nothing
+// of its direction reaped since and later posts behind it, is that case at once. Waiting for the
+// deadline instead held every client on the endpoint for its length after each client killed
+// mid-GET (a 120 s soak, a client killed every 2 s: 28 s stalls, docs/RELIABILITY.md, "Soak").
+// Only shm entries watch their peer's process (peer_addresses.hpp), so nothing else matches.
+//
 // Ownership: owned by the Worker. Thread-safety: the worker thread only.
 #pragma once
 
@@ -45,7 +53,15 @@ class Expiry {
   std::optional<std::string> check(OpTable& table);
 
  private:
+  // A transfer posted this long ago to a dead peer's process is taken for never completing: a
+  // completion it did earn is reaped within microseconds of the peer's acknowledgement, and the
+  // peer's exit is asked about at most this often (one poll(2) on its pidfd).
+  static constexpr std::chrono::milliseconds kDeadPeerGrace{20};
+
   std::optional<std::string> expire_overdue(OpTable& table, WorkerClock::time_point now);
+  // Why the endpoint is wedged behind `op`, posted to a peer whose process has exited (above).
+  std::optional<std::string> dead_peer_wedge(const OpTable& table, const Op& op,
+                                             WorkerClock::time_point now) const;
 
   std::chrono::milliseconds deadline_;  // zero: never
   WorkerClock clock_;
