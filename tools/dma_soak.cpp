@@ -899,6 +899,7 @@ class Soak {
                                  megabytes(rss_end) + " at end" + incarnation);
     print_line("server", server_died_ ? "DIED" : restart_failed_ ? "NOT RESTARTED" : "alive");
     if (server_died_) std::cerr << "dma-soak: the server died:\n" << server_.log() << "\n";
+    const std::string server_log = server_.log();  // before stop() removes it
     const std::optional<int> status = server_.stop();
     print_line("server exit", (status ? std::to_string(*status) : std::string("-")) + incarnation);
     print_line("client crashes", std::to_string(clients_->crashed()));
@@ -908,7 +909,19 @@ class Soak {
     checks.push_back({"server never died on its own", !server_died_});
     checks.push_back({"server exit 0", status && *status == 0});
     checks.push_back({"some work done", sum.operations() > 0});
-    return print_result(checks) ? 0 : 1;
+    const bool passed = print_result(checks);
+    if (!passed) print_module_lines(server_log);
+    return passed ? 0 : 1;
+  }
+
+  // What the module logged (endpoint replacements and why, shutdown), for a run that failed.
+  static void print_module_lines(const std::string& log) {
+    std::istringstream lines(log);
+    std::string line;
+    std::cerr << "dma-soak: the module's lines in the server's log:\n";
+    while (std::getline(lines, line)) {
+      if (line.find("dma") != std::string::npos) std::cerr << "  " << line << "\n";
+    }
   }
 
   std::string clients_mode() const {
