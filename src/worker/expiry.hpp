@@ -24,10 +24,13 @@
 // A wedge is also seen without waiting for the deadline: a transfer to an shm peer whose
 // process has exited never completes (its target's progress does shm's copy and sends the
 // acknowledgement), so one posted at least kDeadPeerGrace ago to a peer found dead, with nothing
-// of its direction reaped since and later posts behind it, is that case at once. Waiting for the
-// deadline instead held every client on the endpoint for its length after each client killed
-// mid-GET (a 120 s soak, a client killed every 2 s: 28 s stalls, docs/RELIABILITY.md, "Soak").
-// Only shm entries watch their peer's process (peer_addresses.hpp), so nothing else matches.
+// of its direction reaped since its post and later ones of its direction posted behind it, is
+// taken for that case at once. This catches only some of the wedges a kill makes (the 120 s shm
+// soak, a client killed every 2 s: 4 replaced at once, 5 stalls of 2-4 s left; before it, 28 s
+// stalls): transfers older than it that complete after its post hide it, and so do later ones
+// of the other direction. A broader signature (any transfer posted after it waiting 250 ms)
+// caught them all and met the soak's recovery goal, but the 14 replacements it made crashed 4
+// clients inside shm's progress (docs/RELIABILITY.md, "Soak"), so it is not used.
 //
 // Ownership: owned by the Worker. Thread-safety: the worker thread only.
 #pragma once
