@@ -70,6 +70,13 @@ Status check_address(std::uint32_t fi_addr_format, std::span<const std::uint8_t>
 }
 
 RegisteredAddress::~RegisteredAddress() {
+  // shm: the slot of a peer whose process has died is never removed (so never reused). Removing
+  // it (smr_av_remove) while shm still holds state for that peer wedged the endpoint and then
+  // crashed live clients inside shm's progress: in the 120 s soak with a client killed every
+  // 2 s, keeping these slots took the endpoint from 2-5 wedges (and 28 s stalls) per run to
+  // none (docs/RELIABILITY.md, "Soak"). It costs one slot of the address vector per client
+  // that died connected; a live client's departure still frees its slot.
+  if (owner_ && owner_->exited()) return;
   fi_addr_t handle = handle_;
   if (int code = fi_av_remove(address_vector_, &handle, 1, 0); code != 0) {
     std::fprintf(stderr, "dma: fi_av_remove failed releasing a peer address: %s (%d)\n",
