@@ -271,6 +271,42 @@ TEST(LivenessMark, a_closed_target_leaves_no_mark_and_its_watchers_fall_back_to_
   EXPECT_EQ("", internal::liveness_file_name(std::vector<std::uint8_t>{'f', 'i', '_', 's'}));
 }
 
+TEST(LivenessMark, each_ring_of_a_watcher_wakes_a_target_asleep_on_its_mark) {
+  // If this fails, a transfer posted to an idle shm target waits for the target's next timed
+  // poll: the doorbell does not wake it, or a ring is lost (here the interval is an hour, so a
+  // lost ring fails at the test deadline).
+  const long self = ::getpid();
+  const auto start = process_start_time(self);
+  ASSERT_TRUE(start);
+  Configuration configuration;
+  configuration.providers = {"shm"};
+  // The test rings through a watch on the Target's own mark file, as a worker does.
+  Target::Options options;
+  options.poll_interval = std::chrono::hours(1);
+  auto target = Target::open(configuration, {}, options);
+  ASSERT_TRUE(target) << target.error().describe();
+  auto watch = internal::LivenessWatch::open((*target)->local_address(), ShmOwner{self, *start});
+  ASSERT_NE(nullptr, watch);
+  auto deadline = std::chrono::steady_clock::now() + testing::kDeadline;
+  while (watch->state() != internal::LivenessWatch::State::kAlive &&
+         std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::yield();
+  }
+  ASSERT_EQ(internal::LivenessWatch::State::kAlive, watch->state());
+  // Each ring makes the target poll: the count moves without any timer.
+  for (int ring = 0; ring < 20; ++ring) {
+    const std::uint64_t before = (*target)->progress_polls();
+    watch->ring();
+    deadline = std::chrono::steady_clock::now() + testing::kDeadline;
+    while ((*target)->progress_polls() == before && std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::yield();
+    }
+    ASSERT_GT((*target)->progress_polls(), before) << "ring " << ring << " did not wake the target";
+    // Let it linger out and fall asleep again before the next ring, some of the time.
+    if (ring % 2 == 0) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+}
+
 TEST(PeerProcess, an_address_of_a_gone_or_recycled_process_is_exited_from_the_start) {
   // If this fails, a client whose pid the kernel gave to another process is taken for alive.
   const long self = ::getpid();

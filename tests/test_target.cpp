@@ -8,6 +8,8 @@
 #include <thread>
 #include <vector>
 
+#include "dma/protocol.hpp"
+#include "dma/service.hpp"
 #include "dma/target.hpp"
 #include "fixtures.hpp"
 
@@ -75,6 +77,76 @@ TEST_P(TargetProgress, callers_get_the_endpoint_while_the_thread_busy_polls) {
   Target::Busy second = std::move(first);
   Target::Busy third;
   third = std::move(second);
+}
+
+TEST(TargetDoorbell, an_shm_target_asleep_for_an_hour_serves_a_write_and_a_read_at_once_when_rung) {
+  // If this fails, a transfer to an idle shm client waits for the target's next timed poll
+  // (shm copies in the target's progress): every DMA.GET and DMA.SET pays up to a poll
+  // interval, or, with a long interval, hangs; the worker's ring after each post is what
+  // starts the copy (liveness_mark.hpp, "doorbell").
+  Target::Options options;
+  options.poll_interval = std::chrono::hours(1);
+  auto target = Target::open(loopback("shm"), {}, options);
+  ASSERT_TRUE(target) << target.error().describe();
+  ASSERT_TRUE(polled_at_least(**target, 0, 1)) << "the progress thread never polled";
+  std::vector<std::byte> memory(64 * 1024);
+  auto exposed = (*target)->expose(memory.data(), memory.size());
+  ASSERT_TRUE(exposed) << exposed.error().describe();
+
+  testing::Collector collector;
+  auto service = testing::start_service(loopback("shm"), collector);
+  ASSERT_NE(nullptr, service);
+  const std::vector<std::byte> value = testing::pattern(memory.size(), 11);
+  TransferRequest write;
+  write.client_id = 1;
+  write.peer_address = testing::address_of((*target)->local_address());
+  write.regions.push_back(exposed->whole());
+  write.context = std::make_unique<testing::Buffer>(value, 1);
+  ASSERT_TRUE(service->submit(std::move(write)));
+  // Bounded by the test deadline (a minute), not by the target's hour.
+  auto written = collector.wait_for(1);
+  ASSERT_EQ(1u, written.size());
+  ASSERT_TRUE(written[0].outcome) << written[0].outcome.error().describe();
+  (*target)->synchronize();
+  EXPECT_EQ(value, memory) << "the write completed but its bytes are not in the target's memory";
+
+  TransferRequest read;
+  read.client_id = 1;
+  read.peer_address = testing::address_of((*target)->local_address());
+  read.regions.push_back(exposed->whole());
+  read.direction = Direction::kFromPeer;
+  read.length = memory.size();
+  read.want_checksum = true;
+  read.context = std::make_unique<testing::Buffer>();
+  ASSERT_TRUE(service->submit(std::move(read)));
+  auto finished = collector.wait_for(1);
+  ASSERT_EQ(1u, finished.size());
+  ASSERT_TRUE(finished[0].outcome) << finished[0].outcome.error().describe();
+  EXPECT_EQ(value, testing::buffer_of(finished[0].context)->bytes);
+  EXPECT_EQ(crc32c(value), finished[0].outcome->checksum.value());
+}
+
+TEST(TargetDoorbell, a_ring_from_our_own_process_wakes_the_target_without_keeping_it_polling) {
+  // If this fails, a Busy token or the destructor cannot wake a target asleep on its doorbell
+  // (a client waits a whole poll interval, or ~Target hangs for it), or the target takes its
+  // own wake-up for a peer's ring and polls on as if a transfer were coming.
+  Target::Options options;
+  options.poll_interval = std::chrono::hours(1);
+  auto target = Target::open(loopback("shm"), {}, options);
+  ASSERT_TRUE(target) << target.error().describe();
+  ASSERT_TRUE(polled_at_least(**target, 0, 1)) << "the progress thread never polled";
+  {
+    const Target::Busy busy = (*target)->busy();
+    EXPECT_TRUE(polled_at_least(**target, (*target)->progress_polls(), 1000))
+        << "a busy token did not wake a target asleep on its doorbell";
+  }
+  // Without a peer's ring there is no lingering: back to sleep after at most the poll under
+  // way and the one before the sleep.
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  const std::uint64_t asleep = (*target)->progress_polls();
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  EXPECT_LE((*target)->progress_polls(), asleep + 2) << "the target kept polling without a ring";
+  target->reset();  // returns only if the destructor's ring woke the hour-long sleep
 }
 
 INSTANTIATE_TEST_SUITE_P(Providers, TargetProgress, ::testing::Values("tcp", "net", "shm"),

@@ -17,11 +17,27 @@
 // started) says nothing, and the caller asks the pidfd as before. Peers that are not our Target
 // have no file and are always asked by poll(2).
 //
+// The same page carries a doorbell, so that an idle target sleeps instead of polling on a timer
+// and still starts an shm transfer at once. On shm the *target's* progress copies the bytes of
+// a write or read (process_vm_readv/writev in its fi_cq_read): a command posted while the target
+// sleeps its poll_interval waits for the rest of it (~73 us for a 50 us interval here, 126 us
+// before the timer slack was tightened; docs/PERFORMANCE.md, "The doorbell"). So the worker
+// rings after each post to a peer with a mark: one atomic add and one load, plus a FUTEX_WAKE
+// only when the target said it sleeps. The target sleeps on the count with FUTEX_WAIT, bounded
+// by its poll_interval (initiators that do not ring, raw libfabric among them, are served as
+// before). Lost wake-ups are excluded by ordering: the target says it sleeps, reads the count,
+// polls once more, then waits for the count to move; a ringer posts, adds, then reads whether
+// the target sleeps (all sequentially consistent). A post made before the target read the
+// count is seen by that last poll; one made after moves the count, so the wait returns at once
+// or is woken.
+//
 // Ownership: a LivenessMark belongs to the Target that created it (it unlinks the file); a
 // LivenessWatch to the address-vector entry that watches the peer. Thread-safety: hold() and
-// release() from the one holding thread; state() from any thread.
+// release(), prepare_to_sleep() and sleep() from the one holding thread; ring(), rings() and
+// state() from any thread.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <span>
@@ -46,6 +62,14 @@ class LivenessMark {
   void hold();     // locks the robust mutex (the holding thread, once)
   void release();  // unlocks it (the same thread)
 
+  // The doorbell, target side. prepare_to_sleep() says the holder is going to sleep and returns
+  // the count to sleep on; poll once more after it, then sleep(seen, timeout) waits until the
+  // count moves past `seen` or `timeout` passes, and says whether it moved (rung).
+  std::uint32_t prepare_to_sleep() noexcept;
+  bool sleep(std::uint32_t seen, std::chrono::nanoseconds timeout) noexcept;
+  std::uint32_t rings() const noexcept;  // the count: it moves with every ring
+  void ring() noexcept;                  // wakes our own sleeper (stop, a Busy token)
+
   struct Shared;
 
  private:
@@ -69,10 +93,15 @@ class LivenessWatch {
   // One load of the mutex's word: kAlive while its holder runs, kDead once the kernel marked
   // the holder dead, kUnknown when nobody holds it.
   State state() const noexcept;
+  // Rings the peer's doorbell: call after posting to it. A no-op if its file could only be
+  // opened for reading.
+  void ring() noexcept;
 
  private:
-  explicit LivenessWatch(const LivenessMark::Shared* shared) : shared_(shared) {}
-  const LivenessMark::Shared* shared_;
+  LivenessWatch(LivenessMark::Shared* shared, bool writable)
+      : shared_(shared), writable_(writable) {}
+  LivenessMark::Shared* shared_;
+  bool writable_;
 };
 
 }  // namespace dma::internal

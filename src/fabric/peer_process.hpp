@@ -59,6 +59,11 @@ class PeerProcess {
   // here; at depth 64 a batch holds many transfers to one peer, and asking once serves them all.
   bool exited_for_batch(std::uint64_t taken, std::uint64_t current) const;
   long pid() const noexcept { return pid_; }
+  // Rings the peer's doorbell if it has a mark (liveness_mark.hpp): its target starts a
+  // transfer just posted to it now instead of at its next timed poll.
+  void ring() const noexcept {
+    if (watch_) watch_->ring();
+  }
   // Whether the peer's liveness mark answers for it now (a test's view).
   bool marked() const noexcept {
     return watch_ && watch_->state() != LivenessWatch::State::kUnknown;

@@ -12,6 +12,7 @@
 #include "dma/service.hpp"
 #include "fabric/endpoint.hpp"
 #include "fabric/registration_cache.hpp"
+#include "fabric/timer_slack.hpp"
 #include "worker/one_shot.hpp"
 #include "worker/service_shared.hpp"
 #include "worker/worker.hpp"
@@ -175,6 +176,7 @@ Result<std::unique_ptr<Generation>> FabricService::Impl::open_generation() {
       char name[16];
       std::snprintf(name, sizeof(name), "fabric-%02u", index % 100);
       pthread_setname_np(pthread_self(), name);
+      internal::use_precise_timers();  // its naps notice completions
       {
         Result<std::unique_ptr<Worker>> worker = Worker::open(configuration, domain, shared);
         if (!worker) {

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <array>
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <mutex>
 #include <string>
@@ -23,6 +24,9 @@ using internal::Lease;
 // How many times (one sched_yield each) the progress thread lets waiting callers go first
 // before it polls anyway.
 constexpr int kMaxDeferrals = 64;
+// After a ring of its doorbell (shm), how long the progress thread polls on (yielding between
+// polls) before it sleeps again: a transfer that follows within it needs no FUTEX_WAKE.
+constexpr std::chrono::microseconds kDoorbellLinger{50};
 
 struct Target::Impl {
   // Serialises every call into the endpoint (FI_THREAD_DOMAIN): the progress thread's polls,
@@ -36,6 +40,7 @@ struct Target::Impl {
   std::atomic<bool> running{true};
   std::atomic<int> busy{0};     // live Busy tokens
   std::atomic<int> callers{0};  // callers waiting for or holding `mutex`
+  std::atomic<std::uint32_t> own_rings{0};  // rings of our own doorbell by this process
   std::atomic<std::uint64_t> polls{0};
   std::mutex sleep_mutex;
   std::condition_variable wake;
@@ -65,7 +70,7 @@ struct Target::Impl {
   }
 
   bool spinning() const noexcept {
-    return options.poll_interval.count() == 0 || busy.load(std::memory_order_acquire) > 0;
+    return options.poll_interval.count() == 0 || busy.load(std::memory_order_seq_cst) > 0;
   }
 
   void run() {
@@ -74,6 +79,8 @@ struct Target::Impl {
     // raw loop it races takes no lock at all. It is let go whenever a caller is waiting.
     if (mark) mark->hold();
     std::unique_lock lock(mutex, std::defer_lock);
+    Doorbell doorbell;
+    if (mark) peer_rang(doorbell);
     while (running.load(std::memory_order_acquire)) {
       if (callers.load(std::memory_order_acquire) > 0) {
         if (lock.owns_lock()) lock.unlock();
@@ -100,12 +107,65 @@ struct Target::Impl {
         std::this_thread::yield();
         continue;
       }
+      if (mark) {
+        rest_by_doorbell(lock, doorbell);
+        continue;
+      }
       std::unique_lock sleeping(sleep_mutex);
       wake.wait_for(sleeping, options.poll_interval, [&] {
         return !running.load(std::memory_order_acquire) || spinning();
       });
     }
     if (mark) mark->release();
+  }
+
+  // What the progress thread last saw of its doorbell, and until when it polls on after a ring.
+  struct Doorbell {
+    std::uint32_t seen = 0;      // the doorbell's count
+    std::uint32_t own_seen = 0;  // own_rings
+    std::chrono::steady_clock::time_point linger_until{};
+  };
+
+  // Whether an initiator rang since the last look: the count moved by more than our own rings
+  // (a Busy token, the destructor), which only wake the thread and must not make it linger.
+  bool peer_rang(Doorbell& doorbell) {
+    const std::uint32_t own = own_rings.load(std::memory_order_seq_cst);
+    const std::uint32_t rings = mark->rings();
+    const bool rang = rings - doorbell.seen != own - doorbell.own_seen;
+    doorbell.seen = rings;
+    doorbell.own_seen = own;
+    return rang;
+  }
+
+  // Wakes the progress thread from a doorbell sleep (a Busy token, the destructor).
+  void ring_own() {
+    if (!mark) return;
+    own_rings.fetch_add(1, std::memory_order_seq_cst);
+    mark->ring();
+  }
+
+  // shm with a mark (liveness_mark.hpp, "doorbell"), between two polls: sleeps until a ring or
+  // poll_interval, whichever comes first, except within kDoorbellLinger of the last ring, when
+  // it only yields: back-to-back transfers then pay no futex call on either side. `lock` is
+  // the endpoint lock, not held on entry or exit.
+  void rest_by_doorbell(std::unique_lock<std::mutex>& lock, Doorbell& doorbell) {
+    const auto now = std::chrono::steady_clock::now();
+    if (peer_rang(doorbell)) doorbell.linger_until = now + kDoorbellLinger;
+    if (now < doorbell.linger_until) {
+      std::this_thread::yield();
+      return;
+    }
+    const std::uint32_t seen = mark->prepare_to_sleep();
+    // A transfer posted before `seen` was read is found by this poll; one posted after moves
+    // the count, so the sleep below returns at once or is woken.
+    lock.lock();
+    poll_locked();
+    lock.unlock();
+    const bool stay_awake = !running.load(std::memory_order_seq_cst) || spinning();
+    mark->sleep(seen, stay_awake ? std::chrono::nanoseconds(0) : options.poll_interval);
+    if (peer_rang(doorbell)) {
+      doorbell.linger_until = std::chrono::steady_clock::now() + kDoorbellLinger;
+    }
   }
 };
 
@@ -184,11 +244,12 @@ Result<std::unique_ptr<Target>> Target::open(const Configuration& configuration,
 Target::Target(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 
 Target::~Target() {
-  impl_->running.store(false, std::memory_order_release);
+  impl_->running.store(false, std::memory_order_seq_cst);
   {
     std::lock_guard lock(impl_->sleep_mutex);
   }
   impl_->wake.notify_all();
+  impl_->ring_own();  // it may sleep on its doorbell instead
   impl_->progress.join();
   std::lock_guard lock(impl_->mutex);
   impl_->endpoint.reset();
@@ -228,11 +289,12 @@ void Target::synchronize() {
 }
 
 Target::Busy Target::busy() {
-  if (impl_->busy.fetch_add(1, std::memory_order_acq_rel) == 0) {
+  if (impl_->busy.fetch_add(1, std::memory_order_seq_cst) == 0) {
     // The first token: wake the progress thread if it sleeps (under sleep_mutex, so the wake
-    // cannot fall between its check and its wait).
+    // cannot fall between its check and its wait; a doorbell sleep is woken by a ring).
     { std::lock_guard lock(impl_->sleep_mutex); }
     impl_->wake.notify_all();
+    impl_->ring_own();
   }
   return Busy(this);
 }

@@ -50,6 +50,8 @@ void Poster::post(OpTable& table, bool closed, std::vector<Op*>& ended) {
         } else if (op->peer_entry) {
           ++op->peer_entry->progress.live_pieces;
           op->peer_entry->progress.refusing_since.reset();
+          // shm: the target's progress does the copy; wake it if it sleeps.
+          if (const PeerProcess* owner = op->peer_entry->owner()) owner->ring();
         }
         op->local_offset += size;
         op->region_offset += size;
@@ -64,6 +66,11 @@ void Poster::post(OpTable& table, bool closed, std::vector<Op*>& ended) {
       if (op->error) break;  // expired by the watchdog during the call: already answered
       if (code == -FI_EAGAIN) {
         counters_.eagain.fetch_add(1, std::memory_order_relaxed);
+        // shm refuses posts until the target's progress has taken our first contact (its
+        // connection request) or drained its queue: wake it for that too.
+        if (op->peer_entry) {
+          if (const PeerProcess* owner = op->peer_entry->owner()) owner->ring();
+        }
         if (past_progress_deadline(*op, clock_.now())) {
           op->error = Error(ErrorCode::kUnreachable,
                             "peer unreachable: the provider answered -FI_EAGAIN for " +
