@@ -42,6 +42,8 @@ TEST_F(Module, values_up_to_inline_max_travel_in_the_reply_and_larger_ones_over_
     ASSERT_TRUE(read && read->has_value()) << (read ? "nil" : read.error().describe());
     EXPECT_EQ(size, **read);
     EXPECT_TRUE(back == value);
+    EXPECT_EQ(crc32c(value), dma->last_checksum())
+        << "last_checksum() is not the CRC32C the value was checked against";
     // The same through buffers exposed once, as a server-heavy client keeps them.
     std::vector<std::byte> landing(size + 64, std::byte{0});
     auto exposed = dma->target().expose(landing.data(), landing.size());
@@ -50,6 +52,7 @@ TEST_F(Module, values_up_to_inline_max_travel_in_the_reply_and_larger_ones_over_
     ASSERT_TRUE(again && again->has_value()) << (again ? "nil" : again.error().describe());
     EXPECT_EQ(size, **again);
     EXPECT_TRUE(std::equal(value.begin(), value.end(), landing.begin()));
+    EXPECT_EQ(crc32c(value), dma->last_checksum());
     const Traffic after = traffic(plain);
     EXPECT_EQ(inline_path ? 2 : 0, after.inline_gets - before.inline_gets);
     EXPECT_EQ(inline_path ? 0 : 2, after.transfers_to_clients - before.transfers_to_clients);
@@ -75,9 +78,11 @@ TEST_F(Module, a_buffer_too_small_for_an_inline_value_is_refused_naming_both_siz
   EXPECT_TRUE(contains(read.error().message(), "1000")) << read.error().describe();
   EXPECT_TRUE(std::all_of(small.begin(), small.end(), [](std::byte b) { return b == std::byte{0x11}; }))
       << "a refused GET wrote into the buffer";
+  EXPECT_FALSE(dma->last_checksum()) << "a refused GET left the previous GET's checksum";
   auto missing = dma->get("inline-never-set", small);
   ASSERT_TRUE(missing) << missing.error().describe();
   EXPECT_FALSE(missing->has_value());
+  EXPECT_FALSE(dma->last_checksum()) << "a GET that found no key has no checksum";
 }
 
 TEST_F(Module, a_whole_value_and_its_length_are_read_without_the_caller_sizing_a_buffer) {

@@ -163,6 +163,11 @@ class DMA_EXPORT Client {
   // of at most inline_max bytes still travel inline, copied into or out of the buffer.
   Result<std::optional<std::size_t>> get(std::string_view key, const Exposed& landing);
   Status set(std::string_view key, const Exposed& value, std::size_t length);
+  // The CRC32C the value of the last successful get() that found its key was checked against
+  // (the one recorded when it was stored, so equal to the CRC32C of the bytes it returned);
+  // nullopt after a get() that failed or found no key. A caller that knows what CRC32C the value
+  // should have compares this instead of reading the bytes a second time.
+  std::optional<std::uint32_t> last_checksum() const noexcept { return last_checksum_; }
 
   // True while a server may still write into some byte of `memory` because a DMA.GET that
   // advertised it failed without its reply (top of this file). Asks afresh each time: on shm,
@@ -233,6 +238,7 @@ class DMA_EXPORT Client {
   bool busy_poll_;
   std::size_t inline_wanted_;  // Options::inline_max
   std::size_t inline_max_ = 0;
+  std::optional<std::uint32_t> last_checksum_;
   // Declared before the target, so destroyed after it: held buffers are freed only once the
   // target's endpoint is closed.
   std::vector<Left> left_;

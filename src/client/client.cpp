@@ -422,6 +422,7 @@ Result<std::optional<std::vector<std::byte>>> Client::get(std::string_view key) 
 
 Result<std::optional<std::size_t>> Client::get(std::string_view key,
                                                std::span<std::byte> buffer) {
+  last_checksum_.reset();
   if (buffer.size() <= inline_max_) {
     DMA_TRY_ASSIGN(const auto answer, get_inline(key, buffer.size(), nullptr));
     if (!answer) return std::optional<std::size_t>();
@@ -433,18 +434,21 @@ Result<std::optional<std::size_t>> Client::get(std::string_view key,
     if (!answer->bytes->empty()) {
       std::memcpy(buffer.data(), answer->bytes->data(), answer->bytes->size());
     }
+    last_checksum_ = answer->crc;
     return std::optional<std::size_t>(answer->bytes->size());
   }
   // Here the buffer is not empty (an empty one always goes inline).
   DMA_TRY_ASSIGN(const Exposed exposed, target_->expose(buffer.data(), buffer.size()));
   auto got = get(key, exposed);
   if (got && *got && **got > buffer.size()) {
+    last_checksum_.reset();
     return fail(ErrorCode::kInvalidArgument, "DMA.GET reported more bytes than the buffer holds");
   }
   return got;
 }
 
 Result<std::optional<std::size_t>> Client::get(std::string_view key, const Exposed& landing) {
+  last_checksum_.reset();
   DMA_TRY(refuse_if_left(std::span<const std::byte>(landing.data(), landing.length())));
   if (inline_max_ != 0) {
     // Inline if the value fits both; otherwise the server writes it into `landing`.
@@ -458,6 +462,7 @@ Result<std::optional<std::size_t>> Client::get(std::string_view key, const Expos
       if (!answer->bytes->empty()) {
         std::memcpy(landing.data(), answer->bytes->data(), answer->bytes->size());
       }
+      last_checksum_ = answer->crc;
       return std::optional<std::size_t>(answer->length);
     }
     return check_landed(landing, answer->length, answer->crc);
@@ -483,6 +488,7 @@ Result<std::optional<std::size_t>> Client::check_landed(const Exposed& landing,
                                            std::to_string(landed) + ", the server sent " +
                                            std::to_string(crc));
   }
+  last_checksum_ = crc;
   return std::optional<std::size_t>(length);
 }
 
