@@ -10,6 +10,7 @@
 #include <fstream>
 #include <iostream>
 #include <memory>
+#include <thread>
 
 #include "commands.hpp"
 #include "dma/protocol.hpp"
@@ -18,6 +19,7 @@
 #include "raw_fabric.hpp"
 #include "support/child_process.hpp"
 #include "support/command_line.hpp"
+#include "support/cpu.hpp"
 #include "support/pattern.hpp"
 
 namespace dma::bench {
@@ -89,7 +91,8 @@ Result<TargetChild> start_target(const FabricOptions& options, const std::string
       ChildProcess::spawn({self.string(), "fabric-target", "--kind", kind, "--provider",
                            options.provider, "--bind", options.bind, "--bytes",
                            std::to_string(bytes), "--seed", std::to_string(seed), "--poll-us",
-                           std::to_string(options.target_poll_interval.count())}));
+                           std::to_string(options.target_poll_interval.count()), "--cpu",
+                           options.pin ? "1" : "-1"}));
   auto wire = process->read_line(kReplyTimeout);
   if (!wire) {
     return fail(wire.error().code(), "the " + kind + " target did not start: " + wire.error().message());
@@ -325,6 +328,13 @@ Status validate(const FabricOptions& options) {
 
 Result<FabricRun> run_fabric_detailed(const FabricOptions& options, Progress& progress) {
   DMA_TRY(validate(options));
+  if (options.pin) {
+    // This thread starts the service's worker and runs the raw loop: both inherit CPU 0.
+    if (std::thread::hardware_concurrency() < 2) {
+      return fail(ErrorCode::kInvalidArgument, "--pin needs at least two CPUs");
+    }
+    DMA_TRY(support::pin_to_cpu(0));
+  }
   std::size_t bytes = 0;
   for (std::size_t size : options.sizes) bytes = std::max(bytes, size * slots_for(size, options.cold));
   const std::size_t max_depth = *std::max_element(options.depths.begin(), options.depths.end());
@@ -415,6 +425,8 @@ void add_fabric_commands(CLI::App& app, int* status) {
   fabric->add_option("--ours-target", arguments->options.ours_target,
                      "what our initiator runs against: ours (dma::Target) or raw (isolates the initiator)")
       ->capture_default_str();
+  fabric->add_flag("--pin", arguments->options.pin,
+                   "initiators (our worker, the raw loop) on CPU 0, both targets on CPU 1");
   fabric->add_flag("--json", arguments->json, "one JSON object per case on stdout");
   fabric->add_flag("--progress", arguments->show_progress, "progress lines on stderr even when it is not a terminal");
   fabric->callback([arguments, status] {
@@ -472,6 +484,7 @@ void add_fabric_commands(CLI::App& app, int* status) {
   target->add_option("--bytes", arguments->target.bytes)->required();
   target->add_option("--seed", arguments->target.seed);
   target->add_option("--poll-us", arguments->target_poll);
+  target->add_option("--cpu", arguments->target.cpu);
   target->callback([arguments, status] {
     TargetOptions options = arguments->target;
     options.poll_interval = std::chrono::microseconds(std::max<long>(0, arguments->target_poll));

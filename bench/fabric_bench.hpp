@@ -36,6 +36,10 @@ struct FabricOptions {
   // The target our FabricService runs against: "ours" (dma::Target) or "raw" (the baseline's
   // progress-only target), which isolates the initiator's cost from the target's.
   std::string ours_target = "ours";
+  // Pins the initiators (this process: our worker, the raw loop) to CPU 0 and both targets to
+  // CPU 1, so that each side runs the same threads on the same cores whatever the scheduler
+  // would do: on two cores four busy threads otherwise measure who got the CPU.
+  bool pin = false;
 };
 
 // Runs every (size, depth) case, ours and raw interleaved; progress on `progress`.

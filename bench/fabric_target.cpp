@@ -13,6 +13,7 @@
 #include <span>
 #include <thread>
 
+#include "support/cpu.hpp"
 #include "dma/protocol.hpp"
 #include "dma/target.hpp"
 #include "support/pattern.hpp"
@@ -186,6 +187,13 @@ int run_raw(const TargetOptions& options, const Buffer& buffer) {
 }  // namespace
 
 int run_fabric_target(const TargetOptions& options) {
+  if (options.cpu >= 0) {
+    // Before any thread exists, so the progress threads (ours, rxm's, xnet's) inherit it.
+    if (Status pinned = support::pin_to_cpu(options.cpu); !pinned) {
+      std::fprintf(stderr, "fabric-target: %s\n", pinned.error().describe().c_str());
+      return 1;
+    }
+  }
   if (options.bytes == 0) {
     std::fprintf(stderr, "fabric-target: --bytes must be positive\n");
     return 1;

@@ -24,6 +24,7 @@ struct TargetOptions {
   std::uint32_t seed = 1;
   // Sleep between progress polls; 0 busy-polls (both kinds alike).
   std::chrono::microseconds poll_interval{0};
+  int cpu = -1;  // >= 0: the whole process runs on this CPU (dma-bench fabric --pin)
 };
 
 // Runs the target until quit/EOF; returns the process exit status.

@@ -1,0 +1,26 @@
+#include "support/cpu.hpp"
+
+#include <sched.h>
+
+#include <cerrno>
+#include <cstring>
+#include <string>
+
+namespace dma::support {
+
+Status pin_to_cpu(int cpu) {
+  if (cpu < 0 || cpu >= CPU_SETSIZE) {
+    return fail(ErrorCode::kInvalidArgument, "no CPU " + std::to_string(cpu));
+  }
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  CPU_SET(cpu, &set);
+  if (::sched_setaffinity(0, sizeof(set), &set) != 0) {
+    const int error = errno;
+    return fail(ErrorCode::kInvalidArgument,
+                "cannot pin to CPU " + std::to_string(cpu) + ": " + std::strerror(error));
+  }
+  return {};
+}
+
+}  // namespace dma::support
