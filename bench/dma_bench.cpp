@@ -11,6 +11,7 @@ int main(int argc, char** argv) {
   dma::bench::add_fabric_commands(app, &status);
   dma::bench::add_redis_command(app, &status);
   dma::bench::add_standard_command(app, &status);
+  dma::bench::add_handoff_command(app, &status);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& error) {

@@ -17,6 +17,7 @@
 #include <iostream>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "commands.hpp"
@@ -157,6 +158,9 @@ void add_standard_command(CLI::App& app, int* status) {
             options.provider = provider;
             options.op = op;
             options.duration = duration;
+            // Both sides on the same cores (initiators on CPU 0, targets on CPU 1): unpinned,
+            // four busy threads on two cores measured the scheduler (docs/PERFORMANCE.md).
+            options.pin = std::thread::hardware_concurrency() >= 2;
             auto rows = run_fabric(options, progress);
             if (!rows) {
               failures.push_back("fabric " + provider + " " + op + ": " + rows.error().describe());
@@ -220,7 +224,8 @@ void add_standard_command(CLI::App& app, int* status) {
       section << "\n### Fabric: FabricService against raw libfabric\n\n"
               << "Command: `dma-bench fabric --provider P --op O --sizes 64,4k,64k,1m,16m "
                  "--depth 1,64 --duration "
-              << a.duration_s << "` for P in tcp, net, shm and O in write, read.\n\n"
+              << a.duration_s << (std::thread::hardware_concurrency() >= 2 ? " --pin" : "")
+              << "` for P in tcp, net, shm and O in write, read.\n\n"
               << to_markdown(fabric_rows);
     }
     section << "\n";

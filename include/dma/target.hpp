@@ -9,7 +9,10 @@
 // held; dma::Client holds one from each DMA command to its reply with Options::busy_poll) it
 // polls without sleeping, yielding the CPU between polls; otherwise it polls every
 // `poll_interval` and sleeps in between, so an idle target costs little CPU. A zero interval
-// spins without any syscall, for a target with a core of its own.
+// spins without any syscall, for a target with a core of its own. On shm, where the target's
+// own progress copies every write and read, it sleeps on a doorbell that our FabricService
+// rings after each post (at most poll_interval, for initiators that do not ring), so a
+// transfer starts at once instead of at the next timed poll (docs/PROVIDERS.md, "shm").
 //
 // Errors: open() reports a provider that cannot open, or a progress thread that cannot start,
 // as an error Result; no method throws.
