@@ -10,6 +10,7 @@
 #include <fstream>
 #include <iostream>
 #include <memory>
+#include <optional>
 #include <thread>
 
 #include "commands.hpp"
@@ -328,12 +329,14 @@ Status validate(const FabricOptions& options) {
 
 Result<FabricRun> run_fabric_detailed(const FabricOptions& options, Progress& progress) {
   DMA_TRY(validate(options));
+  std::optional<support::ScopedCpuPin> pinned;  // until the run ends: what follows is not pinned
   if (options.pin) {
     // This thread starts the service's worker and runs the raw loop: both inherit CPU 0.
     if (std::thread::hardware_concurrency() < 2) {
       return fail(ErrorCode::kInvalidArgument, "--pin needs at least two CPUs");
     }
-    DMA_TRY(support::pin_to_cpu(0));
+    DMA_TRY_ASSIGN(auto pin, support::ScopedCpuPin::pin(0));
+    pinned.emplace(std::move(pin));
   }
   std::size_t bytes = 0;
   for (std::size_t size : options.sizes) bytes = std::max(bytes, size * slots_for(size, options.cold));
