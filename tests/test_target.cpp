@@ -79,6 +79,25 @@ TEST_P(TargetProgress, callers_get_the_endpoint_while_the_thread_busy_polls) {
   third = std::move(second);
 }
 
+TEST_P(TargetProgress, an_idle_target_with_the_default_interval_backs_off_to_a_few_polls_a_second) {
+  // If this fails, every idle client burns CPU polling its completion queue every 50 us (15 %
+  // of a core on the project VM), taking it from the server and from busy clients.
+  auto target = Target::open(loopback(GetParam()));
+  ASSERT_TRUE(target) << target.error().describe();
+  ASSERT_TRUE(polled_at_least(**target, 0, 1)) << "the progress thread never polled";
+  // Long enough for the sleeps to have doubled up to the cap (10 ms) many times over.
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  const std::uint64_t before = (*target)->progress_polls();
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  // At the cap, 500 ms hold about 50 sleeps (two polls each on shm); every 50 us would be
+  // thousands.
+  EXPECT_LE((*target)->progress_polls() - before, 200u) << "an idle target kept polling fast";
+  // A Busy token still brings it back at once.
+  const Target::Busy busy = (*target)->busy();
+  EXPECT_TRUE(polled_at_least(**target, (*target)->progress_polls(), 1000))
+      << "a busy token did not wake a backed-off target";
+}
+
 TEST(TargetDoorbell, an_shm_target_asleep_for_an_hour_serves_a_write_and_a_read_at_once_when_rung) {
   // If this fails, a transfer to an idle shm client waits for the target's next timed poll
   // (shm copies in the target's progress): every DMA.GET and DMA.SET pays up to a poll

@@ -27,6 +27,15 @@ constexpr int kMaxDeferrals = 64;
 // After a ring of its doorbell (shm), how long the progress thread polls on (yielding between
 // polls) before it sleeps again: a transfer that follows within it needs no FUTEX_WAKE.
 constexpr std::chrono::microseconds kDoorbellLinger{50};
+// The longest an idle progress thread sleeps between polls (unless poll_interval is longer):
+// its sleep doubles from poll_interval after each one that nothing cut short. A timed wake
+// costs ~15-20 us of CPU on the project VM, so polling every 50 us (~120 us with the timer
+// slack) took 15 % of a core from an idle client (`dma-cli target`, 77-82 ticks in 5 s on shm,
+// tcp and net). Nothing needs the timed polls to be quick: on tcp and net the provider's own
+// progress thread lands transfers (docs/PROVIDERS.md, "Progress") and ours only shortens
+// their latency, and on shm our initiators ring the doorbell, which resets the interval; an
+// initiator that does not ring (raw libfabric) waits up to this long after an idle spell.
+constexpr std::chrono::microseconds kIdleInterval{10000};
 
 struct Target::Impl {
   // Serialises every call into the endpoint (FI_THREAD_DOMAIN): the progress thread's polls,
@@ -81,6 +90,10 @@ struct Target::Impl {
     std::unique_lock lock(mutex, std::defer_lock);
     Doorbell doorbell;
     if (mark) peer_rang(doorbell);
+    // The current sleep between polls: poll_interval, doubled after each sleep that nothing
+    // cut short, up to kIdleInterval (see there).
+    std::chrono::microseconds idle = options.poll_interval;
+    const std::chrono::microseconds most_idle = std::max(options.poll_interval, kIdleInterval);
     while (running.load(std::memory_order_acquire)) {
       if (callers.load(std::memory_order_acquire) > 0) {
         if (lock.owns_lock()) lock.unlock();
@@ -104,17 +117,20 @@ struct Target::Impl {
       // for a reply on a small machine would otherwise spin the server they wait for off the
       // cores (measured: 4 clients on 2 cores, DMA.GET 4 KiB fell to 0.03x of GET).
       if (busy.load(std::memory_order_acquire) > 0) {
+        idle = options.poll_interval;
         std::this_thread::yield();
         continue;
       }
+      bool woken = false;
       if (mark) {
-        rest_by_doorbell(lock, doorbell);
-        continue;
+        woken = rest_by_doorbell(lock, doorbell, idle);
+      } else {
+        std::unique_lock sleeping(sleep_mutex);
+        woken = wake.wait_for(sleeping, idle, [&] {
+          return !running.load(std::memory_order_acquire) || spinning();
+        });
       }
-      std::unique_lock sleeping(sleep_mutex);
-      wake.wait_for(sleeping, options.poll_interval, [&] {
-        return !running.load(std::memory_order_acquire) || spinning();
-      });
+      idle = woken ? options.poll_interval : std::min(idle * 2, most_idle);
     }
     if (mark) mark->release();
   }
@@ -145,15 +161,17 @@ struct Target::Impl {
   }
 
   // shm with a mark (liveness_mark.hpp, "doorbell"), between two polls: sleeps until a ring or
-  // poll_interval, whichever comes first, except within kDoorbellLinger of the last ring, when
-  // it only yields: back-to-back transfers then pay no futex call on either side. `lock` is
-  // the endpoint lock, not held on entry or exit.
-  void rest_by_doorbell(std::unique_lock<std::mutex>& lock, Doorbell& doorbell) {
+  // `interval`, whichever comes first, except within kDoorbellLinger of the last ring, when it
+  // only yields: back-to-back transfers then pay no futex call on either side. `lock` is the
+  // endpoint lock, not held on entry or exit. True if a ring or a Busy token (or the stop)
+  // cut it short, or it only yielded.
+  bool rest_by_doorbell(std::unique_lock<std::mutex>& lock, Doorbell& doorbell,
+                        std::chrono::microseconds interval) {
     const auto now = std::chrono::steady_clock::now();
     if (peer_rang(doorbell)) doorbell.linger_until = now + kDoorbellLinger;
     if (now < doorbell.linger_until) {
       std::this_thread::yield();
-      return;
+      return true;
     }
     const std::uint32_t seen = mark->prepare_to_sleep();
     // A transfer posted before `seen` was read is found by this poll; one posted after moves
@@ -162,10 +180,12 @@ struct Target::Impl {
     poll_locked();
     lock.unlock();
     const bool stay_awake = !running.load(std::memory_order_seq_cst) || spinning();
-    mark->sleep(seen, stay_awake ? std::chrono::nanoseconds(0) : options.poll_interval);
+    mark->sleep(seen, stay_awake ? std::chrono::nanoseconds(0) : interval);
     if (peer_rang(doorbell)) {
       doorbell.linger_until = std::chrono::steady_clock::now() + kDoorbellLinger;
+      return true;
     }
+    return stay_awake || spinning();
   }
 };
 

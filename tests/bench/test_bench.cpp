@@ -7,6 +7,7 @@
 #include <cmath>
 #include <nlohmann/json.hpp>
 #include <sstream>
+#include <thread>
 #include <string>
 #include <vector>
 
@@ -129,6 +130,25 @@ TEST_P(FabricBench, every_case_runs_alternating_rounds_and_verifies_both_sides_b
       EXPECT_EQ(row.at("size").get<std::size_t>() >= (64u << 10) ? "GB/s" : "ops/s",
                 row.at("ratio_basis").get<std::string>());
     }
+  }
+}
+
+TEST_P(FabricBench, pinned_sides_run_every_case_and_verify_it) {
+  // If this fails, `make bench` (which pins its fabric rows) records nothing or unverified
+  // rows: a pinned target that cannot start, or a pin that starves one side.
+  if (std::thread::hardware_concurrency() < 2) {
+    GTEST_SKIP() << "--pin needs two CPUs; this machine has one";
+  }
+  const auto cases = run_fabric({"--provider", GetParam(), "--op", "write", "--sizes", "4k",
+                                 "--depth", "1,4", "--duration", "0.3", "--pin"});
+  ASSERT_EQ(2u, cases.size());
+  for (const auto& row : cases) {
+    SCOPED_TRACE(row.dump());
+    EXPECT_GT(row.at("operations").get<std::uint64_t>(), 0u);
+    EXPECT_GT(row.at("baseline").at("operations").get<std::uint64_t>(), 0u);
+    EXPECT_EQ(0u, row.at("errors").get<std::uint64_t>() + row.at("mismatches").get<std::uint64_t>());
+    EXPECT_EQ(0u, row.at("baseline").at("errors").get<std::uint64_t>() +
+                      row.at("baseline").at("mismatches").get<std::uint64_t>());
   }
 }
 
