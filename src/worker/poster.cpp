@@ -16,7 +16,9 @@ void Poster::post(OpTable& table, bool closed, std::vector<Op*>& ended) {
     Op* op = pending.front();
     pending.pop_front();
     op->queued = false;
-    if (closed && op->local_offset == 0 && op->in_flight == 0 && !op->error) {
+    const bool awaits_contact =
+        contact_queued_ && op->peer_entry && op->peer_entry->progress.awaits_contact();
+    if (closed && op->local_offset == 0 && op->in_flight == 0 && !op->error && !awaits_contact) {
       op->error = Error(ErrorCode::kWorkerGone, "fabric worker is gone (service shutting down)");
       ended.push_back(op);
       continue;
@@ -45,6 +47,7 @@ void Poster::post(OpTable& table, bool closed, std::vector<Op*>& ended) {
         ++table.in_flight;
         ++op->in_flight;
         op->eagain = false;
+        if (op->peer_entry) op->peer_entry->progress.contact_answered = true;
         if (op->expired) {
           ++table.held;
         } else if (op->peer_entry) {
@@ -64,6 +67,7 @@ void Poster::post(OpTable& table, bool closed, std::vector<Op*>& ended) {
       if (op->error) break;  // expired by the watchdog during the call: already answered
       if (code == -FI_EAGAIN) {
         counters_.eagain.fetch_add(1, std::memory_order_relaxed);
+        if (op->peer_entry) op->peer_entry->progress.contact_requested = true;
         if (past_progress_deadline(*op, clock_.now())) {
           op->error = Error(ErrorCode::kUnreachable,
                             "peer unreachable: the provider answered -FI_EAGAIN for " +
