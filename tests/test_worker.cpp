@@ -396,6 +396,35 @@ TEST(SteppedWorker, shutdown_with_a_never_completing_write_in_flight_ends_it_at_
       << finished[0].outcome.error().describe();
 }
 
+TEST(SteppedWorker, shm_shutdown_posts_a_transfer_refused_at_first_contact_before_closing_the_endpoint) {
+  // If this fails, a service dropped right after its first post to an shm peer closes its
+  // endpoint while its connection request still waits in the peer's queue, and the peer's
+  // progress, reading it, maps and reads the region that close just unmapped: SIGSEGV in the
+  // peer (Races.dropping_a_service_*/shm crashed 1-3 runs in 100 this way). shm refuses the first
+  // post to a peer deterministically: it sends the request and answers -FI_EAGAIN.
+  Configuration configuration = loopback("shm");
+  Stepped stepped(configuration);
+  ASSERT_TRUE(stepped);
+  Peer peer(configuration, 8192);
+  stepped.submit(peer.write(1, 0, pattern(4096, 30)));
+  stepped.worker().step(false);
+  ASSERT_EQ(1u, stepped.shared().counters.eagain.load()) << "the first post was not refused";
+  ASSERT_EQ(0u, stepped.worker().in_flight());
+  stepped.shared().channel.close();
+  // Time stands still: only the peer reading the request lets the transfer through.
+  const auto give_up = std::chrono::steady_clock::now() + testing::kDeadline;
+  while (stepped.worker().step(false)) {
+    ASSERT_LT(std::chrono::steady_clock::now(), give_up) << "shutdown hangs";
+  }
+  auto finished = stepped.collector.wait_for(1, std::chrono::milliseconds(0));
+  ASSERT_EQ(1u, finished.size());
+  ASSERT_TRUE(finished[0].outcome)
+      << "failed while the peer still held our connection request: "
+      << finished[0].outcome.error().describe();
+  peer.target->synchronize();
+  EXPECT_EQ(0, std::memcmp(pattern(4096, 30).data(), peer.memory.data(), 4096));
+}
+
 // ---- parking -----------------------------------------------------------------------------------
 
 TEST(SteppedWorker, an_idle_worker_parks_on_the_channel_and_a_busy_one_does_not) {

@@ -78,6 +78,14 @@ class RegisteredAddress {
     std::optional<std::chrono::steady_clock::time_point> refusing_since;
     std::chrono::steady_clock::time_point last_refusal;  // a gap longer than the deadline
                                                           // restarts the clock
+    // shm: a post refused before any was taken has put our name (a connection request) in the
+    // peer's command queue. When the peer's progress reads it, it maps our region through that
+    // name and reads it, so our endpoint must not close until a post to this peer has been
+    // taken (shm takes none before the request is read): closed earlier, it crashed the
+    // peer's progress thread (docs/PROVIDERS.md, "shm").
+    bool contact_requested = false;
+    bool contact_answered = false;
+    bool awaits_contact() const noexcept { return contact_requested && !contact_answered; }
   };
   Progress progress;
 

@@ -16,7 +16,9 @@ void Poster::post(OpTable& table, bool closed, std::vector<Op*>& ended) {
     Op* op = pending.front();
     pending.pop_front();
     op->queued = false;
-    if (closed && op->local_offset == 0 && op->in_flight == 0 && !op->error) {
+    const bool awaits_contact =
+        contact_queued_ && op->peer_entry && op->peer_entry->progress.awaits_contact();
+    if (closed && op->local_offset == 0 && op->in_flight == 0 && !op->error && !awaits_contact) {
       op->error = Error(ErrorCode::kWorkerGone, "fabric worker is gone (service shutting down)");
       ended.push_back(op);
       continue;
@@ -45,6 +47,7 @@ void Poster::post(OpTable& table, bool closed, std::vector<Op*>& ended) {
         ++table.in_flight;
         ++op->in_flight;
         op->eagain = false;
+        if (op->peer_entry) op->peer_entry->progress.contact_answered = true;
         if (op->expired) {
           ++table.held;
         } else if (op->peer_entry) {
@@ -69,6 +72,7 @@ void Poster::post(OpTable& table, bool closed, std::vector<Op*>& ended) {
         // shm refuses posts until the target's progress has taken our first contact (its
         // connection request) or drained its queue: wake it for that too.
         if (op->peer_entry) {
+          op->peer_entry->progress.contact_requested = true;
           if (const PeerProcess* owner = op->peer_entry->owner()) owner->ring();
         }
         if (past_progress_deadline(*op, clock_.now())) {

@@ -12,6 +12,15 @@
 // entry, the clock is the op's own. Before an op's first post to an shm peer, the peer's process
 // is asked whether it has exited (peer_process.hpp: a post to a dead one can spin forever).
 //
+// At shutdown a transfer never posted fails as kWorkerGone, except on shm while its peer has
+// refused us and taken nothing yet: shm's first post to a peer leaves our name in the peer's
+// command queue and answers -FI_EAGAIN, and the peer's progress, reading that name later, maps
+// and reads our region. If we closed the endpoint first (which unmaps and unlinks the region),
+// the peer's progress thread crashed (SIGSEGV in smr_progress_connreq reading peer_smr->pid;
+// 1-3 runs in 100 of Races.dropping_a_service_*/shm). Such a transfer keeps its turn until one
+// is taken, which shm does only once the request has been read; the liveness check, the
+// progress deadline and the shutdown drain still bound the wait.
+//
 // Ownership: owned by the Worker; borrows the endpoint and counters. Thread-safety: the worker
 // thread only.
 #pragma once
@@ -43,12 +52,14 @@ class Poster {
         progress_deadline_(progress_deadline),
         clock_(clock),
         counters_(counters),
-        gate_(gate) {}
+        gate_(gate),
+        contact_queued_(endpoint.describe().provider == "shm") {}
 
   // Posts pieces of the queued transfers while fewer than the cap are live in flight, each
   // transfer getting one turn. A transfer that has failed with nothing of it in flight (or that
-  // was never posted when `closed`, which fails it as kWorkerGone) is appended to `ended`, with
-  // its error set, for the caller to finish.
+  // was never posted when `closed`, which fails it as kWorkerGone, unless its shm peer still
+  // holds our unread connection request) is appended to `ended`, with its error set, for the
+  // caller to finish.
   void post(OpTable& table, bool closed, std::vector<Op*>& ended);
 
   std::size_t cap() const noexcept { return cap_; }
@@ -68,6 +79,8 @@ class Poster {
   WorkerClock clock_;
   AtomicCounters& counters_;
   Gate& gate_;
+  // shm: a refused first post leaves a request in the peer's queue that reads our region.
+  bool contact_queued_;
 };
 
 }  // namespace dma::internal
