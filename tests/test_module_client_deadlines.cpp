@@ -130,7 +130,10 @@ TEST_P(ClientDeadlines, a_server_stopped_mid_transfer_leaves_get_keys_own_buffer
   // transfer, which only watching its in-flight count can catch. A 64 MiB write takes tens of
   // milliseconds here; a round whose transfer finished before the stop is tried again.
   const auto large = pattern(64 << 20, 9);
-  ASSERT_TRUE(client_->set("large", large));
+  {
+    const Status stored = client_->set("large", large);
+    ASSERT_TRUE(stored) << stored.error().describe();
+  }
   bool caught = false;
   for (int round = 0; round < 10 && !caught; ++round) {
     auto made = Client::connect("127.0.0.1", server_->port(), loopback(GetParam()), timing_out());

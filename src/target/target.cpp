@@ -27,14 +27,15 @@ constexpr int kMaxDeferrals = 64;
 // After a ring of its doorbell (shm), how long the progress thread polls on (yielding between
 // polls) before it sleeps again: a transfer that follows within it needs no FUTEX_WAKE.
 constexpr std::chrono::microseconds kDoorbellLinger{50};
-// The longest an idle progress thread sleeps between polls (unless poll_interval is longer):
-// its sleep doubles from poll_interval after each one that nothing cut short. A timed wake
-// costs ~15-20 us of CPU on the project VM, so polling every 50 us (~120 us with the timer
-// slack) took 15 % of a core from an idle client (`dma-cli target`, 77-82 ticks in 5 s on shm,
-// tcp and net). Nothing needs the timed polls to be quick: on tcp and net the provider's own
-// progress thread lands transfers (docs/PROVIDERS.md, "Progress") and ours only shortens
-// their latency, and on shm our initiators ring the doorbell, which resets the interval; an
-// initiator that does not ring (raw libfabric) waits up to this long after an idle spell.
+// The longest an idle progress thread on shm sleeps between polls (unless poll_interval is
+// longer): its sleep doubles from poll_interval after each one that nothing cut short. A timed
+// wake costs ~15-20 us of CPU on the project VM, so polling every 50 us (~120 us with the timer
+// slack) took 15 % of a core from an idle client (`dma-cli target`, 77-82 ticks in 5 s). On shm
+// nothing needs the timed polls to be quick: our initiators ring the doorbell, which resets
+// the interval; an initiator that does not ring (raw libfabric) waits up to this long after an
+// idle spell. tcp and net keep poll_interval: there our polls carry much of rxm's and xnet's
+// target-side data progress (with them backed off, a 64 MiB DMA.SET under tsan took more than
+// the client's 1 s timeout), so an idle target there still costs its polls.
 constexpr std::chrono::microseconds kIdleInterval{10000};
 
 struct Target::Impl {
@@ -93,7 +94,8 @@ struct Target::Impl {
     // The current sleep between polls: poll_interval, doubled after each sleep that nothing
     // cut short, up to kIdleInterval (see there).
     std::chrono::microseconds idle = options.poll_interval;
-    const std::chrono::microseconds most_idle = std::max(options.poll_interval, kIdleInterval);
+    const std::chrono::microseconds most_idle =
+        mark ? std::max(options.poll_interval, kIdleInterval) : options.poll_interval;
     while (running.load(std::memory_order_acquire)) {
       if (callers.load(std::memory_order_acquire) > 0) {
         if (lock.owns_lock()) lock.unlock();
