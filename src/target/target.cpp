@@ -33,9 +33,11 @@ constexpr std::chrono::microseconds kDoorbellLinger{50};
 // slack) took 15 % of a core from an idle client (`dma-cli target`, 77-82 ticks in 5 s). On shm
 // nothing needs the timed polls to be quick: our initiators ring the doorbell, which resets
 // the interval; an initiator that does not ring (raw libfabric) waits up to this long after an
-// idle spell. tcp and net keep poll_interval: there our polls carry much of rxm's and xnet's
-// target-side data progress (with them backed off, a 64 MiB DMA.SET under tsan took more than
-// the client's 1 s timeout), so an idle target there still costs its polls.
+// idle spell. tcp and net keep poll_interval: with them backed off too, ThreadSanitizer found
+// rxm's sendmsg from an exposed buffer (a DMA.SET's bytes) unordered with the caller's free of
+// it after the reply (Module.a_crc_mismatch_*, Module.multi_region_*): our polls, taking the
+// provider's locks after its progress thread, were what ordered them. So an idle tcp or net
+// target still costs its polls.
 constexpr std::chrono::microseconds kIdleInterval{10000};
 
 struct Target::Impl {
