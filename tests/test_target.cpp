@@ -79,17 +79,17 @@ TEST_P(TargetProgress, callers_get_the_endpoint_while_the_thread_busy_polls) {
   third = std::move(second);
 }
 
-TEST(TargetDoorbell, an_idle_shm_target_with_the_default_interval_backs_off_to_a_few_polls_a_second) {
-  // If this fails, every idle shm client burns CPU polling its completion queue every 50 us
-  // (15 % of a core on the project VM), taking it from the server and from busy clients.
-  auto target = Target::open(loopback("shm"));
+TEST_P(TargetProgress, an_idle_target_with_the_default_interval_backs_off_to_a_few_polls_a_second) {
+  // If this fails, every idle client burns CPU polling its completion queue every 50 us (15 %
+  // of a core on the project VM), taking it from the server and from busy clients.
+  auto target = Target::open(loopback(GetParam()));
   ASSERT_TRUE(target) << target.error().describe();
   ASSERT_TRUE(polled_at_least(**target, 0, 1)) << "the progress thread never polled";
   // Long enough for the sleeps to have doubled up to the cap (10 ms) many times over.
   std::this_thread::sleep_for(std::chrono::milliseconds(300));
   const std::uint64_t before = (*target)->progress_polls();
   std::this_thread::sleep_for(std::chrono::milliseconds(500));
-  // At the cap, 500 ms hold about 50 sleeps (two polls each on shm); every 50 us would be
+  // At the cap, 500 ms hold about 50 sleeps (one poll each, two on shm); every 50 us would be
   // thousands.
   EXPECT_LE((*target)->progress_polls() - before, 200u) << "an idle target kept polling fast";
   // A Busy token still brings it back at once.
@@ -98,14 +98,15 @@ TEST(TargetDoorbell, an_idle_shm_target_with_the_default_interval_backs_off_to_a
       << "a busy token did not wake a backed-off target";
 }
 
-TEST(TargetDoorbell, an_shm_target_asleep_for_an_hour_serves_a_write_and_a_read_at_once_when_rung) {
-  // If this fails, a transfer to an idle shm client waits for the target's next timed poll
-  // (shm copies in the target's progress): every DMA.GET and DMA.SET pays up to a poll
-  // interval, or, with a long interval, hangs; the worker's ring after each post is what
-  // starts the copy (liveness_mark.hpp, "doorbell").
+TEST_P(TargetProgress, a_target_asleep_for_an_hour_serves_a_write_and_a_read_at_once) {
+  // If this fails, a transfer to an idle client waits for the target's next timed poll: every
+  // DMA.GET and DMA.SET pays up to a poll interval (10 ms once the target has backed off), or,
+  // with a long interval, hangs. On shm the copy runs in the target's progress, and the
+  // worker's ring after each post starts it (liveness_mark.hpp, "doorbell"); on tcp and net
+  // the provider's own progress thread lands it (FI_PROGRESS_AUTO, docs/PROVIDERS.md).
   Target::Options options;
   options.poll_interval = std::chrono::hours(1);
-  auto target = Target::open(loopback("shm"), {}, options);
+  auto target = Target::open(loopback(GetParam()), {}, options);
   ASSERT_TRUE(target) << target.error().describe();
   ASSERT_TRUE(polled_at_least(**target, 0, 1)) << "the progress thread never polled";
   std::vector<std::byte> memory(64 * 1024);
@@ -113,7 +114,7 @@ TEST(TargetDoorbell, an_shm_target_asleep_for_an_hour_serves_a_write_and_a_read_
   ASSERT_TRUE(exposed) << exposed.error().describe();
 
   testing::Collector collector;
-  auto service = testing::start_service(loopback("shm"), collector);
+  auto service = testing::start_service(loopback(GetParam()), collector);
   ASSERT_NE(nullptr, service);
   const std::vector<std::byte> value = testing::pattern(memory.size(), 11);
   TransferRequest write;

@@ -8,8 +8,9 @@
 // operations. A Target runs one progress thread. While a transfer is expected (a Busy token is
 // held; dma::Client holds one from each DMA command to its reply with Options::busy_poll) it
 // polls without sleeping, yielding the CPU between polls; otherwise it polls every
-// `poll_interval` and sleeps in between (on shm longer and longer while nothing happens, up to
-// 10 ms, so an idle shm target costs next to nothing). A zero interval
+// `poll_interval` and sleeps in between, longer and longer while nothing happens, up to 10 ms,
+// so an idle target costs next to nothing (no transfer waits for those polls: on tcp and net
+// the provider's own progress thread moves the bytes, on shm the doorbell below). A zero interval
 // spins without any syscall, for a target with a core of its own. On shm, where the target's
 // own progress copies every write and read, it sleeps on a doorbell that our FabricService
 // rings after each post (at most poll_interval, for initiators that do not ring), so a
@@ -77,9 +78,9 @@ class DMA_EXPORT Exposed {
 class DMA_EXPORT Target {
  public:
   struct Options {
-    // How long the progress thread sleeps between polls of an idle completion queue. On shm
-    // each sleep that nothing cuts short (a ring of the doorbell, a Busy token) doubles it, up
-    // to 10 ms (or poll_interval if longer), so an idle shm target costs next to nothing.
+    // How long the progress thread sleeps between polls of an idle completion queue. Each
+    // sleep that nothing cuts short (a Busy token; on shm a ring of the doorbell) doubles it,
+    // up to 10 ms (or poll_interval if longer), so an idle target costs next to nothing.
     // Zero busy-polls: the lowest latency (shm's delivery-complete writes wait on the
     // target's progress), for a whole core.
     std::chrono::microseconds poll_interval{50};

@@ -27,17 +27,14 @@ constexpr int kMaxDeferrals = 64;
 // After a ring of its doorbell (shm), how long the progress thread polls on (yielding between
 // polls) before it sleeps again: a transfer that follows within it needs no FUTEX_WAKE.
 constexpr std::chrono::microseconds kDoorbellLinger{50};
-// The longest an idle progress thread on shm sleeps between polls (unless poll_interval is
-// longer): its sleep doubles from poll_interval after each one that nothing cut short. A timed
-// wake costs ~15-20 us of CPU on the project VM, so polling every 50 us (~120 us with the timer
-// slack) took 15 % of a core from an idle client (`dma-cli target`, 77-82 ticks in 5 s). On shm
-// nothing needs the timed polls to be quick: our initiators ring the doorbell, which resets
-// the interval; an initiator that does not ring (raw libfabric) waits up to this long after an
-// idle spell. tcp and net keep poll_interval: with them backed off too, ThreadSanitizer found
-// rxm's sendmsg from an exposed buffer (a DMA.SET's bytes) unordered with the caller's free of
-// it after the reply (Module.a_crc_mismatch_*, Module.multi_region_*): our polls, taking the
-// provider's locks after its progress thread, were what ordered them. So an idle tcp or net
-// target still costs its polls.
+// The longest an idle progress thread sleeps between polls (unless poll_interval is longer):
+// its sleep doubles from poll_interval after each one that nothing cut short. A timed wake
+// costs ~15-20 us of CPU on the project VM, so polling every 50 us (~120 us with the timer
+// slack) took 15 % of a core from an idle client (`dma-cli target`, 77-82 ticks in 5 s). No
+// transfer waits for these polls: on shm our initiators ring the doorbell, which resets the
+// interval (one that does not ring, raw libfabric, waits up to this long after an idle spell);
+// on tcp and net the provider's own progress thread moves the bytes (FI_PROGRESS_AUTO,
+// docs/PROVIDERS.md, "Progress").
 constexpr std::chrono::microseconds kIdleInterval{10000};
 
 struct Target::Impl {
@@ -96,8 +93,7 @@ struct Target::Impl {
     // The current sleep between polls: poll_interval, doubled after each sleep that nothing
     // cut short, up to kIdleInterval (see there).
     std::chrono::microseconds idle = options.poll_interval;
-    const std::chrono::microseconds most_idle =
-        mark ? std::max(options.poll_interval, kIdleInterval) : options.poll_interval;
+    const std::chrono::microseconds most_idle = std::max(options.poll_interval, kIdleInterval);
     while (running.load(std::memory_order_acquire)) {
       if (callers.load(std::memory_order_acquire) > 0) {
         if (lock.owns_lock()) lock.unlock();
@@ -221,6 +217,12 @@ struct Exposed::Handle {
   ~Handle() {
     // Closed under the target's lock: the progress thread may be inside the provider.
     CallerLock lock(*target);
+    // One poll first. On tcp and net the provider's own thread sends a read's bytes out of
+    // this memory, and the caller learns they arrived only through its RPC reply, which no
+    // race detector sees. The poll takes the locks that thread held while it sent, so the
+    // order is visible to ThreadSanitizer too (without it, an idle-backed-off target left
+    // Module.a_crc_mismatch_* and Module.multi_region_* reporting the caller's free as a race).
+    target->poll_locked();
     lease.reset();
   }
 };
