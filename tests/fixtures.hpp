@@ -12,6 +12,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "dma/configuration.hpp"
@@ -94,6 +95,19 @@ inline std::unique_ptr<FabricService> start_service(const Configuration& configu
   auto service = FabricService::start(configuration, collector.completer(), nullptr);
   EXPECT_TRUE(service) << service.error().describe();
   return service ? std::move(*service) : nullptr;
+}
+
+// Polls `condition` until it holds or `within` passes; returns whether it held. For state that
+// changes with nothing to wait on (a service's generation, a server's INFO after an expiry or a
+// replica's link): `within` is a hang guard, not a measurement.
+template <typename Condition>
+bool eventually(Condition condition, std::chrono::milliseconds within = std::chrono::seconds(30)) {
+  const auto deadline = std::chrono::steady_clock::now() + within;
+  while (!condition()) {
+    if (std::chrono::steady_clock::now() > deadline) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  return true;
 }
 
 inline FabricAddress address_of(std::span<const std::uint8_t> bytes) {

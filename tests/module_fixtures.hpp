@@ -106,19 +106,6 @@ class Connection {
 
 inline std::string error_of(const Reply& reply) { return support::error_text(reply); }
 
-// Polls `condition` until it holds or `within` passes (the server changes state asynchronously:
-// an expiry, a replica's link, a background save); returns whether it held. Polling, since a
-// server cannot notify the test.
-template <typename Condition>
-bool eventually(Condition condition, std::chrono::milliseconds within = 30s) {
-  const auto deadline = std::chrono::steady_clock::now() + within;
-  while (!condition()) {
-    if (std::chrono::steady_clock::now() > deadline) return false;
-    std::this_thread::sleep_for(5ms);
-  }
-  return true;
-}
-
 // DMA.SET's, DMA.SETPLAIN's and DMA.GET's [length, crc32c] as text, or the error (or other
 // reply) it was instead, so a mismatch prints what came back.
 inline std::vector<std::string> length_and_crc(const Reply& reply) {

@@ -13,7 +13,6 @@
 #include <mutex>
 #include <optional>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "dma/protocol.hpp"
@@ -28,6 +27,7 @@ namespace {
 
 using testing::Buffer;
 using testing::Collector;
+using testing::eventually;
 using testing::loopback;
 using testing::pattern;
 using testing::start_service;
@@ -117,16 +117,8 @@ std::string message_of(const Outcome& outcome) {
   return outcome ? std::string("ok") : outcome.error().describe();
 }
 
-// Polls `done` until it holds or the hang guard passes (a guard, not a measurement).
-template <typename Predicate>
-bool eventually(Predicate done) {
-  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-  while (!done()) {
-    if (std::chrono::steady_clock::now() > until) return false;
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  }
-  return true;
-}
+// How long eventually() waits for a replacement here: a hang guard, not a measurement.
+constexpr auto kHangGuard = std::chrono::seconds(10);
 
 // ---- bounded shutdown ---------------------------------------------------------------------
 // Runs first: in one process, after the wedge test's rounds, shm's progress in this test's
@@ -221,7 +213,8 @@ TEST(EndpointReplacement, shm_wedge_is_replaced_later_writes_succeed_and_the_hel
     ASSERT_TRUE(
         service->submit(live->write(std::make_unique<Watched>(pattern(512, 2), 2, log), 512)));
     ASSERT_TRUE(log.wait_expired(1)) << "the overrun write was never answered";
-    ASSERT_TRUE(eventually([&] { return service->generation() >= 1 || collector.count() >= 1; }))
+    ASSERT_TRUE(eventually(
+        [&] { return service->generation() >= 1 || collector.count() >= 1; }, kHangGuard))
         << "the later write neither completed nor caused a replacement";
     if (service->generation() == 0) {
       // Not wedged: the later write completed; nothing may be replaced.
@@ -359,7 +352,7 @@ TEST_P(StuckWorker, watchdog_answers_its_callers_replaces_the_endpoint_and_shutd
   ASSERT_EQ(1u, answer.size());
   EXPECT_EQ(ErrorCode::kFabric, answer[0].code());
   EXPECT_EQ(0u, answer[0].message().rfind("endpoint replaced: ", 0)) << answer[0].describe();
-  ASSERT_TRUE(eventually([&] { return service->generation() >= 1; }));
+  ASSERT_TRUE(eventually([&] { return service->generation() >= 1; }, kHangGuard));
   EXPECT_EQ(1u, service->generation());
   EXPECT_EQ(1u, service->counters().replacements);
   EXPECT_EQ(1u, service->counters().abandoned);

@@ -9,7 +9,6 @@
 #include <chrono>
 #include <cstring>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "dma/protocol.hpp"
@@ -22,20 +21,11 @@ namespace dma {
 namespace {
 
 using testing::Buffer;
+using testing::eventually;
 using testing::loopback;
 using testing::pattern;
 
 const std::string kCli = DMA_BINARY_DIR "/bin/dma-cli";
-
-template <typename Predicate>
-bool eventually(Predicate done) {
-  const auto until = std::chrono::steady_clock::now() + testing::kDeadline;
-  while (!done()) {
-    if (std::chrono::steady_clock::now() > until) return false;
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  }
-  return true;
-}
 
 Transfer write(FabricService& service, std::uint64_t client, const FabricAddress& peer,
                RemoteRegion region, std::uint32_t seed) {
@@ -99,7 +89,7 @@ TEST(DeadPeerWedge, shm_an_endpoint_wedged_behind_a_killed_peer_is_replaced_befo
       continue;
     }
     wedged = true;
-    ASSERT_TRUE(eventually([&] { return (*service)->generation() >= 1; }))
+    ASSERT_TRUE(eventually([&] { return (*service)->generation() >= 1; }, testing::kDeadline))
         << "the wedge behind the killed peer was not replaced before the completion deadline";
     EXPECT_EQ(1u, (*service)->counters().replacements);
     // Both stuck writes are answered, with errors, by the replacement.
