@@ -101,10 +101,14 @@ TEST_F(Module, a_whole_value_and_its_length_are_read_without_the_caller_sizing_a
     auto whole = dma->get(key);
     ASSERT_TRUE(whole && whole->has_value()) << (whole ? "nil" : whole.error().describe());
     EXPECT_TRUE(**whole == value);
+    // Each size after a different one: a get(key) that leaves the previous checksum fails.
+    EXPECT_EQ(crc32c(value), dma->last_checksum())
+        << "get(key) did not record the CRC32C its value was checked against";
   }
   auto absent = dma->get("whole-never-set");
   ASSERT_TRUE(absent) << absent.error().describe();
   EXPECT_FALSE(absent->has_value());
+  EXPECT_FALSE(dma->last_checksum()) << "a get(key) that found no key has no checksum";
   auto no_length = dma->length("whole-never-set");
   ASSERT_TRUE(no_length) << no_length.error().describe();
   EXPECT_FALSE(no_length->has_value());

@@ -21,6 +21,12 @@ will. ``await client.drain()`` returns once every call submitted before it has f
 which a buffer given to a cancelled call is the caller's again. ``ClientPool`` spreads calls over
 several clients to run them concurrently.
 
+``client.last_checksum`` is the CRC32C the last ``get`` checked its value against (None before
+any, and after one that failed or found no key). A ``get`` that fails without its reply
+(UnreachableError) leaves its buffer to the server, which may still write into it:
+``client.server_may_write(buffer)`` says so, and the client keeps that buffer exported until it
+says False or the client is gone.
+
 Errors are ``dma.Error`` subclasses, one per ``dma.ErrorKind``, with ``.kind`` and ``.message``.
 """
 from __future__ import annotations

@@ -19,6 +19,14 @@
 // it, so the dma::Client outlives its exposed buffers whatever order Python drops them in
 // (dma::Exposed must be destroyed before its Target); close() only stops further calls.
 //
+// A failed GET's buffer: a DMA.GET that fails without its reply (kUnreachable) leaves the buffer
+// it advertised to the server, which may still write into it (dma::Client::server_may_write,
+// include/dma/client.hpp). dma::Client holds get(key)'s own buffer until then; for a caller's
+// buffer (get(key, out=buffer or Exposed)) the binding keeps an export of the Python object
+// (ClientState::held) for as long as server_may_write() says so for its memory, or until the
+// dma::Client (its Target) is gone: the object cannot be freed or resized meanwhile, even after
+// an Exposed on it is closed. Every call on the Client drops the holds that have settled.
+//
 // Errors: a dma::Error becomes an instance of dma.Error's subclass for its ErrorCode, with
 // .kind (dma.ErrorKind), .message and str() "<kind>: <message>" (Error::describe()).
 #include <pybind11/pybind11.h>
@@ -30,6 +38,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -136,11 +145,63 @@ std::chrono::milliseconds milliseconds_of(double seconds) {
 
 // ---- owners ----------------------------------------------------------------------------------
 
+// An export of a Python buffer a failed GET left to its server, and the memory the GET
+// advertised (what server_may_write is asked about).
+struct Held {
+  std::unique_ptr<BufferView> view;
+  std::span<const std::byte> memory;
+};
+
 // A dma::Client and the mutex serialising calls into it. Shared by the Python Client and every
 // Exposed made on it.
 struct ClientState {
   std::mutex mutex;
   std::unique_ptr<dma::Client> client;
+  // Under `mutex`; a Held is created and destroyed with the GIL held (it owns an export), and
+  // may be moved without it.
+  std::vector<Held> held;
+
+  ClientState() = default;
+  ClientState(const ClientState&) = delete;
+  ClientState& operator=(const ClientState&) = delete;
+  // The client first: once its Target is closed nothing lands any more, and only then are the
+  // held exports released. The last owner may go with or without the GIL (close() drops it
+  // without), so the GIL is taken for the exports.
+  ~ClientState() {
+    client.reset();
+    if (!held.empty()) {
+      py::gil_scoped_acquire gil;
+      held.clear();
+    }
+  }
+
+  // Under `mutex`, without the GIL needed: keeps `view` if a server may still write into
+  // `memory` after the GET into it failed and no held export covers it already (a GET refused
+  // because of an earlier failure's hold must not add a second).
+  void hold_if_left(std::unique_ptr<BufferView>& view, std::span<const std::byte> memory) {
+    if (memory.empty() || !client->server_may_write(memory)) return;
+    for (const Held& kept : held) {
+      if (kept.memory.data() <= memory.data() &&
+          memory.data() + memory.size() <= kept.memory.data() + kept.memory.size()) {
+        return;
+      }
+    }
+    held.push_back(Held{std::move(view), memory});
+  }
+  // Under `mutex`, without the GIL needed: takes out the holds no server can write into any
+  // more, for the caller to destroy once it has the GIL.
+  std::vector<Held> settled() {
+    std::vector<Held> out;
+    for (auto it = held.begin(); it != held.end();) {
+      if (client->server_may_write(it->memory)) {
+        ++it;
+      } else {
+        out.push_back(std::move(*it));
+        it = held.erase(it);
+      }
+    }
+    return out;
+  }
 };
 
 // A standalone dma::Target, shared with its Exposed.
@@ -213,15 +274,26 @@ class PyClient {
       throw py::value_error("this Exposed belongs to another client or target");
     }
   }
-  // Runs `body` on the client without the GIL and under the client's mutex; raises its error.
+  // Runs `body` on the client (or on the client's state, if it takes a ClientState&) without
+  // the GIL and under the client's mutex, then drops the holds that have settled; raises its
+  // error.
   template <typename Body>
   auto call(Body&& body) {
     live();
     std::shared_ptr<ClientState> state = state_;  // a concurrent close() waits for us
+    std::vector<Held> released;  // destroyed once the GIL is back
     auto result = [&] {
       py::gil_scoped_release release;
       const std::lock_guard lock(state->mutex);
-      return body(*state->client);
+      auto out = [&] {
+        if constexpr (std::is_invocable_v<Body&, ClientState&>) {
+          return body(*state);
+        } else {
+          return body(*state->client);
+        }
+      }();
+      if (!state->held.empty()) released = state->settled();
+      return out;
     }();
     return check(std::move(result));
   }
@@ -269,11 +341,23 @@ class PyClient {
       mine(landing);
       if (!landing.writable()) throw py::value_error("cannot get into a read-only buffer");
       const dma::Exposed& exposed = landing.exposed();
-      length = call([&](dma::Client& client) { return client.get(name, exposed); });
+      // Kept if the GET fails leaving the memory to the server: the Exposed may be closed
+      // (releasing its own export) while the server can still write.
+      auto keep = std::make_unique<BufferView>(landing.object(), false);
+      const std::span<const std::byte> memory(exposed.data(), exposed.length());
+      length = call([&](ClientState& state) {
+        auto got = state.client->get(name, exposed);
+        if (!got) state.hold_if_left(keep, memory);
+        return got;
+      });
     } else {
-      BufferView view(out, true);
-      const std::span<std::byte> buffer(view.data(), view.size());
-      length = call([&](dma::Client& client) { return client.get(name, buffer); });
+      auto view = std::make_unique<BufferView>(out, true);
+      const std::span<std::byte> buffer(view->data(), view->size());
+      length = call([&](ClientState& state) {
+        auto got = state.client->get(name, buffer);
+        if (!got) state.hold_if_left(view, buffer);
+        return got;
+      });
     }
     if (!length) return py::none();
     return py::int_(*length);
@@ -314,6 +398,26 @@ class PyClient {
     return std::make_unique<PyExposed>(state_, nullptr, buffer);
   }
 
+  // The CRC32C the last get() checked its value against; None before any, and after one that
+  // failed or found no key.
+  std::optional<std::uint32_t> last_checksum() {
+    return call([](dma::Client& client) -> dma::Result<std::optional<std::uint32_t>> {
+      return client.last_checksum();
+    });
+  }
+
+  // Whether a server may still write into the memory of `memory` (a buffer, or an Exposed: its
+  // object's) because a GET into it failed without its reply. Asks afresh.
+  bool server_may_write(const py::handle& memory) {
+    py::object object = py::reinterpret_borrow<py::object>(memory);
+    if (py::isinstance<PyExposed>(memory)) object = memory.cast<const PyExposed&>().object();
+    const BufferView view(object, false);
+    const std::span<const std::byte> span(view.data(), view.size());
+    return call([&](dma::Client& client) -> dma::Result<bool> {
+      return client.server_may_write(span);
+    });
+  }
+
   std::size_t inline_max() {
     live();
     return state_->client->inline_max();
@@ -333,8 +437,9 @@ class PyClient {
     if (!state_) return;
     std::shared_ptr<ClientState> state = std::move(state_);
     py::gil_scoped_release release;
-    const std::lock_guard lock(state->mutex);
-    // The last reference (no Exposed left) closes the client here, without the GIL.
+    { const std::lock_guard lock(state->mutex); }  // waits for a call in progress
+    // The last reference (no Exposed left) closes the client here, without the GIL, and then
+    // releases the buffers failed GETs held (with it). Otherwise the last Exposed does.
     state.reset();
   }
   bool closed() const { return !state_; }
@@ -498,6 +603,20 @@ PYBIND11_MODULE(_dma, m) {
       .def("set", &PyClient::set, py::arg("key"), py::arg("value"), py::arg("length") = py::none())
       .def("length", &PyClient::length, py::arg("key"))
       .def("expose", &PyClient::expose, py::arg("buffer"))
+      .def_property_readonly(
+          "last_checksum", &PyClient::last_checksum,
+          "The CRC32C (an int) the value of the last successful get() that found its key was "
+          "checked against: the one recorded when it was stored, so equal to "
+          "dma.crc32c(value). None before any get(), and after a get() that failed or found "
+          "no key. Read-only.")
+      .def("server_may_write", &PyClient::server_may_write, py::arg("memory"),
+           "True while a server may still write into some byte of `memory` (any buffer, or an "
+           "Exposed: its object's memory) because a get() into it failed without its reply "
+           "(UnreachableError); False otherwise (a fresh buffer, one after a successful get()). "
+           "Asks afresh each call. While True, get() refuses to land there and the Client "
+           "keeps the buffer the failed get() was given exported (it cannot be freed or "
+           "resized) until this says False for it or the Client (and every Exposed on it) is "
+           "closed.")
       .def_property_readonly("inline_max", &PyClient::inline_max)
       .def_property_readonly("server_addresses", &PyClient::server_addresses)
       .def_property_readonly("closed", &PyClient::closed)

@@ -1,9 +1,9 @@
 """What the pytest suite shares: a real redis-server with the dma module (DMA_MODULE, default
 <build>/lib/dma.so) on a free loopback port, started from Python the way the C++ suites start
 theirs (support/src/redis_server.cpp): `redis-server --port P --bind 127.0.0.1 --save ''
---appendonly no --loadmodule <dma.so> providers tcp bind 127.0.0.1`, IPATH_NO_BACKTRACE=1 in its
-environment, output in a log file, retried on another port if the picked one was taken
-("Address already in use"), ready once it answers PING.
+--appendonly no --loadmodule <dma.so> providers tcp bind 127.0.0.1` (another provider if asked),
+IPATH_NO_BACKTRACE=1 in its environment, output in a log file, retried on another port if the
+picked one was taken ("Address already in use"), ready once it answers PING.
 
 Every wait has a deadline: PING is polled until START_DEADLINE (a child cannot notify us), and a
 stop is SHUTDOWN NOSAVE, then SIGTERM, then SIGKILL, each with its own timeout.
@@ -55,8 +55,10 @@ def command(port: int, *arguments: bytes, timeout: float = 5.0) -> bytes:
 class RedisServer:
     """A redis-server child with the module. Owns the process and its log."""
 
-    def __init__(self, module_arguments: Optional[List[str]] = None) -> None:
+    def __init__(self, module_arguments: Optional[List[str]] = None,
+                 provider: str = "tcp") -> None:
         self.module_arguments = module_arguments or []
+        self.provider = provider
         self.process: Optional[subprocess.Popen] = None
         self.port = 0
         self.log_path = ""
@@ -77,7 +79,7 @@ class RedisServer:
                                                  suffix=".log")
         arguments = ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1",
                      "--save", "", "--appendonly", "no", "--loadmodule", module_path(),
-                     "providers", "tcp", "bind", "127.0.0.1", *self.module_arguments]
+                     "providers", self.provider, "bind", "127.0.0.1", *self.module_arguments]
         environment = dict(os.environ, IPATH_NO_BACKTRACE="1")
         self.process = subprocess.Popen(arguments, stdin=subprocess.DEVNULL, stdout=handle,
                                         stderr=subprocess.STDOUT, env=environment)
@@ -130,7 +132,7 @@ class RedisServer:
 
 
 def client_for(server: RedisServer, **options) -> dma.Client:
-    options.setdefault("provider", "tcp")
+    options.setdefault("provider", server.provider)
     options.setdefault("bind", "127.0.0.1")
     options.setdefault("timeout", 30.0)
     return dma.Client("127.0.0.1", server.port, **options)

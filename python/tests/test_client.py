@@ -1,10 +1,13 @@
 """dma.Client against a real redis-server with the module: the buffer types a Python user has,
-large values, missing keys, a buffer too small, a server SIGKILLed mid-GET, threads, asyncio.
-Each test opens with what breaks if it fails."""
+large values, missing keys, a buffer too small, a server SIGKILLed mid-GET, threads, asyncio,
+last_checksum, and the buffer a GET that failed without its reply leaves to its server
+(server_may_write). Each test opens with what breaks if it fails."""
 from __future__ import annotations
 
 import asyncio
 import os
+import signal
+import sys
 import threading
 import time
 
@@ -256,6 +259,142 @@ def test_cancelling_an_async_get_keeps_the_buffer_until_the_call_returns(client:
         assert await client.get_async("cancelled") == value
 
     asyncio.run(main())
+
+
+def test_last_checksum_is_the_crc32c_of_the_value_the_last_get_returned(server: RedisServer) -> None:
+    # Fails if last_checksum is not None before any get, is not the value's CRC32C after a get
+    # by any path (get(key), out=buffer, out=Exposed; inline or over the fabric), or survives a
+    # get that found no key or failed.
+    with client_for(server) as fresh:
+        assert fresh.last_checksum is None
+        landing = bytearray(MIB + 8)
+        exposed = fresh.expose(landing)
+        for size in (10, fresh.inline_max + 1, MIB):
+            value = pattern(size, seed=size % 251 + 9)
+            key = f"checksum-{size}"
+            fresh.set(key, value)
+            expected = dma.crc32c(value)
+            ways = {
+                "get(key)": lambda: fresh.get(key) == value,
+                "out=bytearray": lambda: fresh.get(key, out=bytearray(size + 8)) == size,
+                "out=Exposed": lambda: (fresh.get(key, out=exposed) == size
+                                        and landing[:size] == value),
+            }
+            for way, read in ways.items():
+                # A GET that finds no key clears it, so each read below must set it itself.
+                assert fresh.get("checksum-missing") is None
+                assert fresh.last_checksum is None, way
+                assert read(), way
+                assert fresh.last_checksum == expected, (way, size)
+            with pytest.raises(dma.InvalidArgumentError):
+                fresh.get(key, out=bytearray(size - 1))  # too small: a failed GET
+            assert fresh.last_checksum is None, size
+        exposed.close()
+    with pytest.raises(ValueError):
+        fresh.last_checksum  # noqa: B018: a closed client
+
+
+def test_server_may_write_is_false_for_a_fresh_buffer_and_after_a_successful_get(
+        client: dma.Client) -> None:
+    # Fails if server_may_write refuses a buffer type get() takes, or says a server may write
+    # into memory no failed GET left to it.
+    value = pattern(200_000, seed=10)
+    client.set("may-write", value)
+    buffers = [bytearray(len(value)), memoryview(bytearray(len(value))),
+               numpy.zeros(len(value), dtype=numpy.uint8)]
+    exposed = client.expose(bytearray(len(value)))
+    for buffer in [*buffers, exposed, b"read-only bytes"]:
+        assert client.server_may_write(buffer) is False, type(buffer)
+    for buffer in [*buffers, exposed]:
+        assert client.get("may-write", out=buffer) == len(value)
+        assert client.server_may_write(buffer) is False, type(buffer)
+    assert bytes(exposed.obj) == value and all(bytes(buffer) == value for buffer in buffers)
+    exposed.close()
+    with pytest.raises(TypeError):
+        client.server_may_write(12)  # not a buffer
+
+
+@pytest.mark.parametrize("provider", ["tcp", "shm"])
+def test_a_get_that_fails_without_its_reply_keeps_its_buffer_while_the_server_may_write(
+        provider: str) -> None:
+    # Fails if Python can resize or free a buffer (given as such or through an Exposed, even
+    # once that is closed) that a server may still write into after a GET into it failed, if
+    # server_may_write does not say so, or if the binding never lets the buffer go (shm: when
+    # the server has exited; tcp: when the Client, and every Exposed on it, is gone).
+    server = RedisServer(["completion-deadline-ms", "5000"], provider=provider)
+    stopped = False
+    try:
+        plain = client_for(server, timeout=1.0)
+        through_exposed = client_for(server, timeout=1.0)
+        value = pattern(MIB, seed=11)
+        plain.set("left", value)
+        landing = bytearray(b"\xab" * MIB)  # over inline_max: the server writes it
+        exposed_landing = bytearray(MIB)
+        exposed = through_exposed.expose(exposed_landing)
+        assert plain.server_may_write(landing) is False
+        assert through_exposed.server_may_write(exposed) is False
+        references = sys.getrefcount(landing)
+
+        os.kill(server.process.pid, signal.SIGSTOP)  # the GETs wait, unread, on its socket
+        stopped = True
+        with pytest.raises(dma.UnreachableError):
+            plain.get("left", out=landing)
+        with pytest.raises(dma.UnreachableError):
+            through_exposed.get("left", out=exposed)
+
+        assert sys.getrefcount(landing) == references + 1, "the failed GET's buffer is not held"
+        with pytest.raises(BufferError):
+            landing.extend(b"!")
+        assert plain.server_may_write(landing) is True
+        assert plain.last_checksum is None
+        # Refused (the server may write there), and no second hold for it.
+        with pytest.raises(dma.InvalidArgumentError):
+            plain.get("left", out=landing)
+        assert sys.getrefcount(landing) == references + 1
+        assert plain.server_may_write(memoryview(landing)[100:200]) is True
+        assert plain.server_may_write(bytearray(MIB)) is False
+        assert plain.server_may_write(exposed_landing) is False  # the other client's
+
+        assert through_exposed.server_may_write(exposed) is True
+        assert through_exposed.server_may_write(exposed_landing) is True
+        exposed.close()  # the registration goes; the memory stays held
+        with pytest.raises(BufferError):
+            exposed_landing.extend(b"!")
+
+        server.kill()
+        stopped = False
+        if provider == "shm":
+            # The server's process has exited: nothing of it can land any more, and asking
+            # lets the buffers go while the clients live.
+            assert plain.server_may_write(landing) is False
+            assert sys.getrefcount(landing) == references
+            landing.extend(b"!")
+            assert through_exposed.server_may_write(exposed_landing) is False
+            exposed_landing.extend(b"!")
+        else:
+            # On tcp only closing the client's target ends what may still land.
+            assert plain.server_may_write(landing) is True
+            with pytest.raises(BufferError):
+                landing.extend(b"!")
+            keeping = plain.expose(bytearray(10))  # shares the client's state
+            plain.close()
+            with pytest.raises(BufferError):
+                landing.extend(b"!")
+            keeping.close()
+            del keeping  # the last owner of the client: its target closes, then the hold goes
+            assert sys.getrefcount(landing) == references
+            landing.extend(b"!")
+            through_exposed.close()
+            with pytest.raises(BufferError):  # its closed Exposed still owns the client
+                exposed_landing.extend(b"!")
+            del exposed
+            exposed_landing.extend(b"!")
+        plain.close()
+        through_exposed.close()
+    finally:
+        if stopped and server.process.poll() is None:
+            os.kill(server.process.pid, signal.SIGCONT)
+        server.stop()
 
 
 def test_target_exposes_memory_for_the_lower_level(client: dma.Client) -> None:

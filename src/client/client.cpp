@@ -385,10 +385,12 @@ Result<std::optional<std::size_t>> Client::length(std::string_view key) {
 }
 
 Result<std::optional<std::vector<std::byte>>> Client::get(std::string_view key) {
+  last_checksum_.reset();
   DMA_TRY_ASSIGN(auto answer, get_inline(key, inline_max_, nullptr));
   for (int attempt = 0;; ++attempt) {
     if (!answer) return std::optional<std::vector<std::byte>>();
     if (answer->bytes) {
+      last_checksum_ = answer->crc;  // get_inline checked the bytes against it
       return std::optional<std::vector<std::byte>>(
           std::vector<std::byte>(answer->bytes->begin(), answer->bytes->end()));
     }
