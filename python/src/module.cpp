@@ -42,6 +42,7 @@
 #include <utility>
 #include <vector>
 
+#include "conversions.hpp"
 #include "dma/client.hpp"
 #include "dma/configuration.hpp"
 #include "dma/protocol.hpp"
@@ -50,98 +51,8 @@
 
 namespace py = pybind11;
 
+namespace dma_python {
 namespace {
-
-// ---- errors ----------------------------------------------------------------------------------
-
-struct ErrorClass {
-  dma::ErrorCode code;
-  const char* name;
-  PyObject* extra_base;  // a builtin it also derives from, or nullptr
-  const char* doc;
-};
-
-// The Python classes, created once at import (module lifetime: never freed).
-PyObject* g_error_base = nullptr;
-std::vector<std::pair<dma::ErrorCode, PyObject*>> g_error_classes;
-
-[[noreturn]] void raise(const dma::Error& error) {
-  PyObject* type = g_error_base;
-  for (const auto& [code, cls] : g_error_classes) {
-    if (code == error.code()) type = cls;
-  }
-  py::object instance = py::reinterpret_borrow<py::object>(type)(error.describe());
-  instance.attr("kind") = py::cast(error.code());
-  instance.attr("message") = py::str(error.message());
-  PyErr_SetObject(type, instance.ptr());
-  throw py::error_already_set();
-}
-
-template <typename T>
-T check(dma::Result<T> result) {
-  if (!result) raise(result.error());
-  return std::move(result).value();
-}
-void check(dma::Status status) {
-  if (!status) raise(status.error());
-}
-
-// ---- buffers ---------------------------------------------------------------------------------
-
-// One export of a Python buffer (PyObject_GetBuffer), released when this goes. Create and
-// destroy it with the GIL held.
-class BufferView {
- public:
-  BufferView(const py::handle& object, bool writable) {
-    const int flags = PyBUF_C_CONTIGUOUS | (writable ? PyBUF_WRITABLE : 0);
-    if (PyObject_GetBuffer(object.ptr(), &view_, flags) != 0) throw py::error_already_set();
-    held_ = true;
-  }
-  ~BufferView() { release(); }
-  BufferView(const BufferView&) = delete;
-  BufferView& operator=(const BufferView&) = delete;
-
-  void release() {
-    if (held_) PyBuffer_Release(&view_);
-    held_ = false;
-  }
-  std::byte* data() const { return static_cast<std::byte*>(view_.buf); }
-  std::size_t size() const { return static_cast<std::size_t>(view_.len); }
-  bool writable() const { return !view_.readonly; }
-
- private:
-  Py_buffer view_{};
-  bool held_ = false;
-};
-
-// A key as bytes: str is UTF-8, anything else must be a readable buffer.
-std::string key_of(const py::handle& key) {
-  if (py::isinstance<py::str>(key)) return key.cast<std::string>();
-  BufferView view(key, false);
-  return std::string(reinterpret_cast<const char*>(view.data()), view.size());
-}
-
-// ---- configuration ---------------------------------------------------------------------------
-
-dma::Configuration configuration_of(const std::optional<std::string>& config_path,
-                                    const std::optional<std::string>& provider,
-                                    const std::optional<std::vector<std::string>>& providers,
-                                    const std::optional<std::vector<std::string>>& interfaces,
-                                    const std::optional<std::string>& bind) {
-  dma::Configuration configuration;
-  if (config_path) configuration = check(dma::Configuration::load(*config_path));
-  if (provider) configuration.providers = {*provider};
-  if (providers) configuration.providers = *providers;
-  if (interfaces) configuration.interfaces = *interfaces;
-  if (bind) configuration.bind = *bind;
-  check(configuration.validate());
-  return configuration;
-}
-
-std::chrono::milliseconds milliseconds_of(double seconds) {
-  if (!(seconds > 0)) throw py::value_error("timeout must be a positive number of seconds");
-  return std::chrono::milliseconds(static_cast<long long>(seconds * 1000.0 + 0.5));
-}
 
 // ---- owners ----------------------------------------------------------------------------------
 
@@ -520,8 +431,10 @@ struct PyBusy {
 };
 
 }  // namespace
+}  // namespace dma_python
 
 PYBIND11_MODULE(_dma, m) {
+  using namespace dma_python;
   m.doc() = "dma: one-sided RDMA values from a Redis/Valkey server with the dma module";
   m.attr("__version__") = std::string(dma::version());
   m.attr("DEFAULT_INLINE_MAX") = dma::kDefaultInlineMax;
@@ -537,38 +450,7 @@ PYBIND11_MODULE(_dma, m) {
       .value("RESOURCE_EXHAUSTED", dma::ErrorCode::kResourceExhausted)
       .value("CORRUPTED", dma::ErrorCode::kCorrupted);
 
-  g_error_base = PyErr_NewExceptionWithDoc(
-      "dma.Error", "A dma call failed: .kind is its ErrorKind, .message says what happened.",
-      PyExc_Exception, nullptr);
-  m.attr("Error") = py::handle(g_error_base);
-  const ErrorClass classes[] = {
-      {dma::ErrorCode::kInvalidArgument, "InvalidArgumentError", PyExc_ValueError,
-       "The input is malformed or out of range (a buffer too small, a server error reply)."},
-      {dma::ErrorCode::kConfiguration, "ConfigurationError", nullptr,
-       "A configuration file or option is wrong."},
-      {dma::ErrorCode::kFabric, "FabricError", nullptr, "libfabric refused or failed an operation."},
-      {dma::ErrorCode::kUnreachable, "UnreachableError", PyExc_ConnectionError,
-       "The server or peer cannot be reached (connection failed, closed or timed out)."},
-      {dma::ErrorCode::kTimedOut, "TimedOutError", PyExc_TimeoutError,
-       "A wait or a posted operation passed its deadline."},
-      {dma::ErrorCode::kWorkerGone, "WorkerGoneError", nullptr, "A worker thread has exited."},
-      {dma::ErrorCode::kNotFound, "NotFoundError", nullptr,
-       "No such provider, domain, peer or file."},
-      {dma::ErrorCode::kResourceExhausted, "ResourceExhaustedError", nullptr,
-       "A queue, address vector or memory limit is full."},
-      {dma::ErrorCode::kCorrupted, "CorruptedError", nullptr, "A checksum did not match."},
-  };
-  for (const ErrorClass& entry : classes) {
-    PyObject* bases = entry.extra_base != nullptr
-                          ? PyTuple_Pack(2, g_error_base, entry.extra_base)
-                          : PyTuple_Pack(1, g_error_base);
-    const std::string qualified = std::string("dma.") + entry.name;
-    PyObject* cls = PyErr_NewExceptionWithDoc(qualified.c_str(), entry.doc, bases, nullptr);
-    Py_DECREF(bases);
-    if (cls == nullptr) throw py::error_already_set();
-    g_error_classes.emplace_back(entry.code, cls);
-    m.attr(entry.name) = py::handle(cls);
-  }
+  register_errors(m);
 
   py::class_<PyExposed>(m, "Exposed",
                         "A buffer registered once for the server's one-sided access; reuse it "
