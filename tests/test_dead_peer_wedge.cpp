@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <cstdio>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -85,7 +86,20 @@ TEST(DeadPeerWedge, shm_an_endpoint_wedged_behind_a_killed_peer_is_replaced_befo
       // replaces nothing. (A write posted now would wait behind it, and this check does not see
       // that case: the later write was reaped after the dead one's post; expiry.hpp.)
       EXPECT_EQ(0u, (*service)->generation());
-      EXPECT_TRUE((*service)->shutdown(std::chrono::seconds(20)));
+      // The kill can catch the doomed target's progress holding the lock in its own region,
+      // and our worker's progress of the overrun write (still unanswered) then spins on that
+      // lock inside libfabric for ever (docs/RELIABILITY.md, "Nothing is posted to a dead shm
+      // peer": a call already in the provider cannot be saved). Seen once in CI. What must
+      // hold either way: the shutdown returns within its bound and, if it left the worker
+      // behind, says so in its counters instead of freeing the endpoint under the provider.
+      const auto started = std::chrono::steady_clock::now();
+      const bool drained = (*service)->shutdown(std::chrono::seconds(20));
+      EXPECT_LT(std::chrono::steady_clock::now() - started, std::chrono::seconds(25));
+      EXPECT_EQ(drained ? 0u : 1u, (*service)->counters().abandoned);
+      if (!drained) {
+        std::fprintf(stderr, "round %d: the kill caught the doomed target holding its region "
+                     "lock; the worker was left in the provider, as documented\n", round);
+      }
       continue;
     }
     wedged = true;
