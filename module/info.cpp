@@ -106,6 +106,8 @@ void on_info(RedisModuleInfoCtx* ctx, int /*for_crash_report*/) {
   RedisModule_InfoAddFieldULongLong(ctx, "arena_bytes_mapped", arena.mapped);
   RedisModule_InfoAddFieldULongLong(ctx, "arena_blocks", arena.blocks);
   RedisModule_InfoAddFieldULongLong(ctx, "arena_refused", arena.refused);
+  // 1: the arena is advised onto transparent huge pages (load argument arena-huge-pages).
+  RedisModule_InfoAddFieldULongLong(ctx, "arena_huge_pages", state->arena->huge_pages() ? 1 : 0);
   // What the arena adds to the server's used_memory (store/ballast.hpp).
   RedisModule_InfoAddFieldULongLong(ctx, "used_memory_charged", state->ballast->held());
   RedisModule_InfoAddFieldULongLong(ctx, "used_memory_charge_refused", state->ballast->refused());

@@ -263,8 +263,9 @@ extern "C" __attribute__((visibility("default"))) int RedisModule_OnLoad(RedisMo
   fresh->ballast = std::make_unique<dma::store::Ballast>(
       dma::store::Ballast::Allocator{RedisModule_TryAlloc, RedisModule_Free});
   dma::store::Ballast* ballast = fresh->ballast.get();
-  auto arena = dma::store::Arena::create(fresh->options.arena_bytes,
-                                         [ballast](std::size_t in_use) { ballast->follow(in_use); });
+  auto arena = dma::store::Arena::create(
+      fresh->options.arena_bytes, [ballast](std::size_t in_use) { ballast->follow(in_use); },
+      fresh->options.arena_huge_pages);
   if (!arena) {
     RedisModule_Log(ctx, "warning", "dma: %s", arena.error().describe().c_str());
     state = nullptr;

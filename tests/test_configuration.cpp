@@ -322,7 +322,8 @@ TEST(ConfigurationSchema, TheModuleOnlyArgumentsKeepTheirRanges) {
   for (const auto& setting : settings::module_settings()) {
     SCOPED_TRACE(std::string(setting.argument_name));
     EXPECT_TRUE(setting.toml_name.empty());
-    if (setting.kind == settings::Kind::kBoolean) continue;  // enable-debug: the test below
+    // enable-debug, arena-huge-pages: the test below
+    if (setting.kind == settings::Kind::kBoolean) continue;
     const std::string name(setting.argument_name);
     EXPECT_FALSE(from_arguments({name, std::to_string(setting.minimum - 1)}));
     auto lowest = from_arguments({name, std::to_string(setting.minimum)});
@@ -356,6 +357,12 @@ TEST(ConfigurationSchema, AModuleBooleanIsTrueOrFalseAndNothingElse) {
   auto plain = from_arguments({});
   ASSERT_TRUE(plain);
   EXPECT_FALSE(plain->enable_debug);
+  // arena-huge-pages is on unless turned off, in the same words.
+  EXPECT_TRUE(plain->arena_huge_pages);
+  auto flat = from_arguments({"arena-huge-pages", "false"});
+  ASSERT_TRUE(flat) << flat.error().describe();
+  EXPECT_FALSE(flat->arena_huge_pages);
+  EXPECT_FALSE(from_arguments({"arena-huge-pages", "no"}));
 }
 
 TEST(ConfigurationSchema, EachUnknownKeyMessageListsEveryNameOfItsTables) {

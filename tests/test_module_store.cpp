@@ -9,6 +9,8 @@
 
 #include <cstring>
 #include <filesystem>
+#include <fstream>
+#include <sstream>
 #include <thread>
 
 #include "module_fixtures.hpp"
@@ -326,6 +328,63 @@ TEST(ModuleStore, a_full_arena_and_an_oversized_value_are_refused_naming_the_lim
   made->reset();
   server->stop();
   expect_clean_log(server->log());
+}
+
+// The VmFlags of the mapping of exactly `bytes` in process `pid`'s /proc/PID/smaps, or nullopt if
+// it has none of that size.
+std::optional<std::string> flags_of_mapping(long long pid, std::size_t bytes) {
+  std::ifstream smaps("/proc/" + std::to_string(pid) + "/smaps");
+  const std::string size_line = "Size: " + std::to_string(bytes >> 10) + " kB";
+  bool in_match = false;
+  for (std::string line; std::getline(smaps, line);) {
+    if (line.rfind("Size:", 0) == 0) {
+      std::istringstream fields(line);
+      std::string label, unit;
+      std::size_t kib = 0;
+      fields >> label >> kib >> unit;
+      in_match = kib == (bytes >> 10);
+    } else if (in_match && line.rfind("VmFlags:", 0) == 0) {
+      return line;
+    }
+  }
+  return std::nullopt;
+}
+
+TEST(ModuleStore, the_arena_is_advised_onto_huge_pages_unless_arena_huge_pages_is_false) {
+  // If this fails, the arena lost its MADV_HUGEPAGE advice (a 1 MiB DMA.GET on shm copies from
+  // 4 KiB pages again; docs/PERFORMANCE.md, "Speed, fifth pass"), or the load argument that
+  // turns it off for fork-heavy servers does nothing.
+  constexpr std::size_t kArena = std::size_t{48} << 20;  // a size no other mapping has
+  for (const bool huge : {true, false}) {
+    SCOPED_TRACE(huge ? "arena-huge-pages true" : "arena-huge-pages false");
+    auto server = start_server({"arena-bytes", std::to_string(kArena), "arena-huge-pages",
+                                huge ? "true" : "false"});
+    ASSERT_TRUE(server);
+    Connection plain(server->port());
+    const long long pid = plain.info_number("server", "process_id");
+    ASSERT_GT(pid, 0);
+    EXPECT_EQ(huge ? 1 : 0, info_field(plain, "arena_huge_pages"));
+    // VM_HUGEPAGE ("hg") is what MADV_HUGEPAGE sets, whatever the system's THP mode.
+    const std::optional<std::string> flags = flags_of_mapping(pid, kArena);
+    if (huge) {
+      ASSERT_TRUE(flags) << "no 48 MiB mapping in the server: where is the arena?";
+      EXPECT_TRUE(contains(*flags + " ", " hg ")) << *flags;
+    } else if (flags) {
+      EXPECT_FALSE(contains(*flags + " ", " hg ")) << *flags;
+    }
+    // Values round-trip either way.
+    auto made = Client::connect("127.0.0.1", server->port(), loopback("tcp"));
+    ASSERT_TRUE(made && (*made)->hello());
+    const auto value = pattern(std::size_t{3} << 20, huge ? 1 : 2);
+    ASSERT_TRUE((*made)->set("huge", value));
+    std::vector<std::byte> back(value.size());
+    auto read = (*made)->get("huge", back);
+    ASSERT_TRUE(read && read->has_value());
+    EXPECT_TRUE(back == value);
+    made->reset();
+    server->stop();
+    expect_clean_log(server->log());
+  }
 }
 
 }  // namespace

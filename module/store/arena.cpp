@@ -90,7 +90,8 @@ std::string arena_control(unsigned index, const char* name) {
 
 Arena::Arena(std::byte* base, std::size_t capacity) : base_(base), capacity_(capacity) {}
 
-Result<std::unique_ptr<Arena>> Arena::create(std::size_t capacity, UsageListener listener) {
+Result<std::unique_ptr<Arena>> Arena::create(std::size_t capacity, UsageListener listener,
+                                             bool huge_pages) {
   const auto page = static_cast<std::size_t>(::sysconf(_SC_PAGESIZE));
   capacity = (capacity + page - 1) / page * page;
   void* mapped = ::mmap(nullptr, capacity, PROT_READ | PROT_WRITE,
@@ -101,6 +102,9 @@ Result<std::unique_ptr<Arena>> Arena::create(std::size_t capacity, UsageListener
                                                    " for the value store: " + std::strerror(errno));
   }
   std::unique_ptr<Arena> arena(new Arena(static_cast<std::byte*>(mapped), capacity));
+  // Before any page is touched, so every 2 MiB-aligned stretch can fault in as one huge page.
+  // EINVAL: a kernel built without transparent huge pages; the arena works on 4 KiB pages.
+  arena->huge_pages_ = huge_pages && ::madvise(mapped, capacity, MADV_HUGEPAGE) == 0;
   arena->hooks_ = std::make_unique<Hooks>(arena->base_, capacity);
   arena->listener_ = std::move(listener);
   extent_hooks_t* table = &arena->hooks_->table;

@@ -133,9 +133,11 @@ class Arena {
   using UsageListener = std::function<void(std::size_t in_use)>;
 
   // Reserves `capacity` bytes (mmap, MAP_NORESERVE: pages are committed on first touch) and
-  // creates a jemalloc arena drawing from them. Fails if the kernel or jemalloc refuses.
-  static Result<std::unique_ptr<Arena>> create(std::size_t capacity,
-                                               UsageListener listener = {});
+  // creates a jemalloc arena drawing from them. Fails if the kernel or jemalloc refuses. With
+  // `huge_pages`, advises the kernel to back the reservation with transparent huge pages
+  // (MADV_HUGEPAGE; a kernel without them leaves it on 4 KiB pages: huge_pages() says which).
+  static Result<std::unique_ptr<Arena>> create(std::size_t capacity, UsageListener listener = {},
+                                               bool huge_pages = false);
   // Destroys the jemalloc arena, retires any registration over the reservation
   // (dma::invalidate) and unmaps it. Every Block must be gone.
   ~Arena();
@@ -152,6 +154,8 @@ class Arena {
   // Operands::cacheable_span.
   std::uintptr_t base() const noexcept { return reinterpret_cast<std::uintptr_t>(base_); }
   std::size_t capacity() const noexcept { return capacity_; }
+  // Whether the kernel took the MADV_HUGEPAGE advice (create()).
+  bool huge_pages() const noexcept { return huge_pages_; }
   CacheableSpan span() const noexcept;
   ArenaStats stats() const noexcept;
 
@@ -165,6 +169,7 @@ class Arena {
 
   std::byte* base_;
   std::size_t capacity_;
+  bool huge_pages_ = false;
   std::unique_ptr<Hooks> hooks_;  // must outlive the jemalloc arena
   UsageListener listener_;        // called under mutex_
   unsigned index_ = 0;            // the jemalloc arena's index

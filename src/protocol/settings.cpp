@@ -89,7 +89,7 @@ const std::array<Setting<Configuration>, 11> kConfigurationSettings{{
      "largest single RMA posted; larger pieces are split; 0: the provider's max_msg_size"},
 }};
 
-const std::array<Setting<ModuleOptions>, 5> kModuleSettings{{
+const std::array<Setting<ModuleOptions>, 6> kModuleSettings{{
     {"", "services-per-domain", Kind::kInteger, 1, kMaxServicesPerDomain,
      [](ModuleOptions& o, Value&& v) { o.services_per_domain = number_of(v); },
      [](const ModuleOptions& o) { return std::to_string(o.services_per_domain); },
@@ -103,6 +103,11 @@ const std::array<Setting<ModuleOptions>, 5> kModuleSettings{{
      [](const ModuleOptions& o) { return std::to_string(o.arena_bytes); },
      "memory reserved at load for the values DMA.SET stores, registered once on every "
      "endpoint (pinned on verbs and efa); a SET that does not fit is refused naming it"},
+    {"", "arena-huge-pages", Kind::kBoolean, 0, 0,
+     [](ModuleOptions& o, Value&& v) { o.arena_huge_pages = std::get<bool>(v); },
+     [](const ModuleOptions& o) { return std::string(o.arena_huge_pages ? "true" : "false"); },
+     "back arena-bytes with transparent huge pages (MADV_HUGEPAGE; faster large DMA.GETs, "
+     "while a fork's child lives a write copies a 2 MiB page)"},
     {"", "inline-max", Kind::kInteger, 0, kMaxInlineMax,
      [](ModuleOptions& o, Value&& v) { o.inline_max = number_of(v); },
      [](const ModuleOptions& o) { return std::to_string(o.inline_max); },
