@@ -210,6 +210,20 @@ TEST(DmaCli, a_malformed_advertisement_exits_2_naming_the_field) {
   EXPECT_NE(std::string::npos, output.find("remote address")) << output;
 }
 
+TEST(DmaSoak, a_usage_error_exits_2_like_the_other_tools) {
+  // If this fails, a script driving dma-soak cannot tell a mistyped option (CLI11's own codes,
+  // 105-109) from a run that could not start, or from the tools' shared "2: usage".
+  const std::string soak = DMA_BINARY_DIR "/bin/dma-soak";
+  std::string output;
+  Child unknown({soak, "--no-such-option"}, /*merge_stderr=*/true);
+  EXPECT_EQ(2, unknown.finish(&output)) << output;
+  Child out_of_range({soak, "--provider", "tcp", "--clients", "0"}, /*merge_stderr=*/true);
+  EXPECT_EQ(2, out_of_range.finish(&output)) << output;
+  Child help({soak, "--help"}, /*merge_stderr=*/true);
+  EXPECT_EQ(0, help.finish(&output)) << output;
+  EXPECT_NE(std::string::npos, output.find("--kill-every")) << output;
+}
+
 TEST(DmaCli, the_target_answers_bad_commands_with_an_error_line_and_keeps_serving) {
   // If this fails, one bad command desynchronises (or kills) a script driving the target.
   Child target({kCli, "target", "--provider", "tcp", "--size", "64", "--fill", "5"});

@@ -4,6 +4,8 @@
 //   dma-soak --provider tcp|net|shm --clients N --duration S [--max-size B]
 //            [--kill-every S | --kill-server-every S] [--series FILE]
 //
+// Exit status: 0 PASS, 1 FAIL, 2 a usage error or a run that could not start (as dma-cli).
+//
 // The parent starts redis-server with the module on loopback (support/redis_server.hpp), then runs
 // N client *processes* (`dma-soak client ...`, this same executable), so that a client can be
 // SIGKILLed mid-transfer: a dead peer's transfers are exactly what the server has to survive.
@@ -274,7 +276,12 @@ int main(int argc, char** argv) {
   client->add_option("--slot", client_options.slot)->required();
   client->add_option("--max-size", client_options.max_size)->required();
   client->add_option("--seed", client_options.seed);
-  CLI11_PARSE(app, argc, argv);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& error) {
+    // --help is 0; a usage error is 2, as for a run that could not start and the other tools.
+    return app.exit(error) == 0 ? 0 : 2;
+  }
   if (client->parsed()) return dma::soak::run_client(client_options);
   return dma::soak::Soak(options).run();
 }
