@@ -94,7 +94,7 @@ struct ModuleOptions {
   // Back the reservation with transparent huge pages (madvise MADV_HUGEPAGE): the copy of a
   // 1 MiB DMA.GET on shm pins and walks 2 MiB pages instead of 4 KiB ones (docs/PERFORMANCE.md,
   // "Speed, fifth pass"). Costs at fork: a value written while a BGSAVE child lives copies its
-  // whole 2 MiB page (README, "Configuration").
+  // whole 2 MiB page (README, "Stored values").
   bool arena_huge_pages = true;
   // Largest value answered inline (in a DMA.GET's reply); 0: never.
   std::size_t inline_max = kDefaultInlineMax;
