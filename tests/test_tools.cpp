@@ -23,6 +23,7 @@ using testing::pattern;
 using testing::Child;
 const std::string kCli = DMA_BINARY_DIR "/bin/dma-cli";
 const std::string kInfo = DMA_BINARY_DIR "/bin/dma-info";
+const std::string kSoak = DMA_BINARY_DIR "/bin/dma-soak";
 
 std::string range(std::size_t offset, std::size_t length) {
   return " " + std::to_string(offset) + " " + std::to_string(length);
@@ -213,13 +214,12 @@ TEST(DmaCli, a_malformed_advertisement_exits_2_naming_the_field) {
 TEST(DmaSoak, a_usage_error_exits_2_like_the_other_tools) {
   // If this fails, a script driving dma-soak cannot tell a mistyped option (CLI11's own codes,
   // 105-109) from a run that could not start, or from the tools' shared "2: usage".
-  const std::string soak = DMA_BINARY_DIR "/bin/dma-soak";
   std::string output;
-  Child unknown({soak, "--no-such-option"}, /*merge_stderr=*/true);
+  Child unknown({kSoak, "--no-such-option"}, /*merge_stderr=*/true);
   EXPECT_EQ(2, unknown.finish(&output)) << output;
-  Child out_of_range({soak, "--provider", "tcp", "--clients", "0"}, /*merge_stderr=*/true);
+  Child out_of_range({kSoak, "--provider", "tcp", "--clients", "0"}, /*merge_stderr=*/true);
   EXPECT_EQ(2, out_of_range.finish(&output)) << output;
-  Child help({soak, "--help"}, /*merge_stderr=*/true);
+  Child help({kSoak, "--help"}, /*merge_stderr=*/true);
   EXPECT_EQ(0, help.finish(&output)) << output;
   EXPECT_NE(std::string::npos, output.find("--kill-every")) << output;
 }
