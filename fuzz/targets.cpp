@@ -261,6 +261,7 @@ std::string to_toml(const Configuration& configuration) {
   out += std::string("always_register_operands = ") +
          (configuration.always_register_operands ? "true" : "false") + "\n";
   out += "max_piece_bytes = " + std::to_string(configuration.max_piece_bytes) + "\n";
+  out += "worker_idle_poll_us = " + std::to_string(configuration.worker_idle_poll.count()) + "\n";
   return out;
 }
 
@@ -271,7 +272,8 @@ bool same(const Configuration& left, const Configuration& right) {
          left.completion_deadline == right.completion_deadline &&
          left.crc_threads == right.crc_threads &&
          left.always_register_operands == right.always_register_operands &&
-         left.max_piece_bytes == right.max_piece_bytes;
+         left.max_piece_bytes == right.max_piece_bytes &&
+         left.worker_idle_poll == right.worker_idle_poll;
 }
 
 // --- module arguments -------------------------------------------------------------------------
@@ -323,6 +325,9 @@ Violation check_module_options(const std::vector<std::string>& arguments) {
     if (name == "services-per-domain") got = options->services_per_domain;
     if (name == "max-in-flight") got = configuration.max_in_flight;
     if (name == "max-piece-bytes") got = configuration.max_piece_bytes;
+    if (name == "worker-idle-poll-us") {
+      got = static_cast<std::uint64_t>(configuration.worker_idle_poll.count());
+    }
     if (name == "progress-deadline-ms") {
       got = static_cast<std::uint64_t>(configuration.progress_deadline.count());
     }

@@ -70,6 +70,7 @@ TEST(Configuration, TheDefaultsAreValid) {
   EXPECT_EQ(configuration.progress_deadline, milliseconds(1000));
   EXPECT_EQ(configuration.completion_deadline, milliseconds(30000));
   EXPECT_EQ(configuration.crc_threads, 1u);
+  EXPECT_EQ(configuration.worker_idle_poll, std::chrono::microseconds(300));
 }
 
 TEST(Configuration, AnEmptyDocumentGivesTheDefaults) {
@@ -84,6 +85,7 @@ TEST(Configuration, AnEmptyDocumentGivesTheDefaults) {
   EXPECT_EQ(parsed->progress_deadline, defaults.progress_deadline);
   EXPECT_EQ(parsed->completion_deadline, defaults.completion_deadline);
   EXPECT_EQ(parsed->crc_threads, defaults.crc_threads);
+  EXPECT_EQ(parsed->worker_idle_poll, defaults.worker_idle_poll);
 }
 
 TEST_F(ConfigurationFile, EveryKeyInAFileIsRead) {
@@ -95,7 +97,8 @@ TEST_F(ConfigurationFile, EveryKeyInAFileIsRead) {
                           "max_in_flight = 0\n"
                           "progress_deadline_ms = 250\n"
                           "completion_deadline_ms = 0\n"
-                          "crc_threads = 4\n");
+                          "crc_threads = 4\n"
+                          "worker_idle_poll_us = 0\n");
   auto loaded = Configuration::load(path);
   ASSERT_TRUE(loaded) << loaded.error().describe();
   EXPECT_EQ(loaded->providers, (std::vector<std::string>{"efa-direct", "verbs", "tcp"}));
@@ -105,6 +108,7 @@ TEST_F(ConfigurationFile, EveryKeyInAFileIsRead) {
   EXPECT_EQ(loaded->progress_deadline, milliseconds(250));
   EXPECT_EQ(loaded->completion_deadline, milliseconds(0));
   EXPECT_EQ(loaded->crc_threads, 4u);
+  EXPECT_EQ(loaded->worker_idle_poll, std::chrono::microseconds(0));
 }
 
 TEST_F(ConfigurationFile, AnUnknownKeyIsNamedWithTheFileAndLine) {
@@ -466,6 +470,17 @@ TEST(Configuration, AnOutOfRangeFileValueIsNamedWithTheBound) {
   message = error_of(Configuration::parse_toml("completion_deadline_ms = 2147483648\n"));
   EXPECT_TRUE(contains(message, "\"completion_deadline_ms\"")) << message;
   EXPECT_TRUE(contains(message, "2147483647")) << message;
+  // Breaks: a worker told to poll for an hour after every burst spins a core for good.
+  message = error_of(Configuration::parse_toml("worker_idle_poll_us = 1000001\n"));
+  EXPECT_TRUE(contains(message, "\"worker_idle_poll_us\" must be an integer <= 1000000, not 1000001"))
+      << message;
+  Configuration configuration;
+  configuration.worker_idle_poll = std::chrono::seconds(2);
+  const Status invalid = configuration.validate();
+  ASSERT_FALSE(invalid);
+  message = invalid.error().message();
+  EXPECT_TRUE(contains(message, "worker_idle_poll_us must be within 0..1000000, not 2000000"))
+      << message;
 }
 
 }  // namespace

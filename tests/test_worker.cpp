@@ -431,6 +431,7 @@ TEST(SteppedWorker, an_idle_worker_parks_on_the_channel_and_a_busy_one_does_not)
   // If this fails, an idle service costs a core polling its queue, or a busy one sleeps with
   // work to do.
   Configuration configuration = loopback("tcp");
+  configuration.worker_idle_poll = std::chrono::microseconds(0);  // parks at once (next test)
   Stepped stepped(configuration);
   ASSERT_TRUE(stepped);
   Worker& worker = stepped.worker();
@@ -449,6 +450,44 @@ TEST(SteppedWorker, an_idle_worker_parks_on_the_channel_and_a_busy_one_does_not)
   for (int pass = 0; pass < 10; ++pass) ASSERT_TRUE(worker.step(true));
   EXPECT_EQ(before + 2, stepped.shared().channel.parks())
       << "parked with a transfer queued (only the pass that took it in may park)";
+}
+
+TEST(SteppedWorker, an_idle_worker_polls_on_for_worker_idle_poll_after_work_then_parks) {
+  // If this fails, a worker that just ran out of work sleeps at once, and the next transfer
+  // (a client's next DMA.GET, typically within ~150 us) waits for a thread to wake; or it
+  // never stops polling, and an idle service costs a core; or it polls again after every
+  // wake-up that brought no work.
+  Configuration configuration = loopback("shm");
+  configuration.worker_idle_poll = std::chrono::milliseconds(50);
+  Stepped stepped(configuration);
+  ASSERT_TRUE(stepped);
+  Worker& worker = stepped.worker();
+  const std::size_t before = stepped.shared().channel.parks();
+  stepped.shared().channel.wake();  // so that the park, when it comes, returns at once
+  const auto started = std::chrono::steady_clock::now();
+  ASSERT_TRUE(worker.step(true));
+  EXPECT_EQ(before, stepped.shared().channel.parks()) << "parked instead of polling on";
+  EXPECT_EQ(1u, worker.idle_polls());
+  const auto give_up = started + testing::kDeadline;
+  while (stepped.shared().channel.parks() == before) {
+    ASSERT_LT(std::chrono::steady_clock::now(), give_up) << "the idle worker never parked";
+    ASSERT_TRUE(worker.step(true));
+  }
+  EXPECT_GE(std::chrono::steady_clock::now() - started, configuration.worker_idle_poll)
+      << "parked before worker_idle_poll had passed";
+  // A wake-up that brings no work does not start another poll.
+  const std::uint64_t polls = worker.idle_polls();
+  stepped.shared().channel.wake();
+  ASSERT_TRUE(worker.step(true));
+  EXPECT_EQ(before + 2, stepped.shared().channel.parks());
+  EXPECT_EQ(polls, worker.idle_polls());
+  // Work does: after a transfer completes the worker polls on again.
+  Peer peer(configuration, 8192);
+  stepped.submit(peer.write(1, 0, pattern(4096, 31)));
+  ASSERT_TRUE(stepped.step_until([&] { return stepped.collector.count() == 1; }));
+  ASSERT_TRUE(worker.step(true));
+  EXPECT_EQ(before + 2, stepped.shared().channel.parks()) << "parked right after a transfer";
+  EXPECT_EQ(polls + 1, worker.idle_polls());
 }
 
 TEST(SteppedWorker, a_worker_waiting_on_a_transfer_that_produces_nothing_naps_instead_of_spinning) {
@@ -482,6 +521,7 @@ TEST(SteppedWorker, a_worker_holding_only_expired_transfers_parks_and_wakes_to_r
   // a late completion of it is never reaped (a worker parked for good).
   Configuration configuration = loopback("shm");
   configuration.completion_deadline = std::chrono::milliseconds(100);
+  configuration.worker_idle_poll = std::chrono::microseconds(0);
   Stepped stepped(configuration);
   ASSERT_TRUE(stepped);
   Overrun overrun;
@@ -506,6 +546,7 @@ TEST(SteppedWorker, a_partial_checksum_batch_goes_to_the_pool_before_the_worker_
   // pool's delivery of the checksummed completion wakes the channel.
   Configuration configuration = loopback("shm");
   configuration.completion_deadline = std::chrono::milliseconds(100);
+  configuration.worker_idle_poll = std::chrono::microseconds(0);  // the pass parks at once
   Stepped stepped(configuration,
                   std::chrono::duration_cast<std::chrono::milliseconds>(testing::kDeadline),
                   [](std::span<Completion> batch) {

@@ -61,6 +61,13 @@ struct DMA_EXPORT Configuration {
   // Largest single RMA the service posts; larger pieces are split. 0 means the provider's
   // max_msg_size.
   std::size_t max_piece_bytes = 0;
+  // How long a fabric worker that has run out of work keeps polling for more (yielding its core
+  // between polls) before it sleeps. A transfer submitted within it is posted at once, without
+  // waking a sleeping thread (on the project's VM a wake costs 20-50 us: 1 MiB DMA.GETs over
+  // shm ran 1.5x as many per second with 300 us; docs/PERFORMANCE.md, "Speed, sixth pass"). It
+  // costs up to this much CPU after each burst of work; an idle service still sleeps. 0: sleep
+  // at once.
+  std::chrono::microseconds worker_idle_poll{300};
 
   // Reads a TOML file whose keys are the fields above (durations in milliseconds, named
   // progress_deadline_ms, completion_deadline_ms, stuck_deadline_ms and shutdown_deadline_ms). Unknown keys, wrong types, values out of

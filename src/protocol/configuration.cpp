@@ -285,6 +285,13 @@ Status Configuration::validate() const {
     return fail(ErrorCode::kConfiguration, "shutdown_deadline_ms must not be negative, not " +
                                                std::to_string(shutdown_deadline.count()));
   }
+  if (worker_idle_poll.count() < 0 ||
+      static_cast<std::uint64_t>(worker_idle_poll.count()) > settings::kMaxWorkerIdlePollUs) {
+    return fail(ErrorCode::kConfiguration,
+                "worker_idle_poll_us must be within 0.." +
+                    std::to_string(settings::kMaxWorkerIdlePollUs) + ", not " +
+                    std::to_string(worker_idle_poll.count()));
+  }
   for (const auto& [name, deadline] : {std::pair{"progress_deadline_ms", progress_deadline},
                                        std::pair{"completion_deadline_ms", completion_deadline},
                                        std::pair{"stuck_deadline_ms", stuck_deadline},

@@ -25,7 +25,7 @@ std::vector<std::string> strings_of(Value&& value) {
 }
 std::uint64_t number_of(const Value& value) { return std::get<std::uint64_t>(value); }
 
-const std::array<Setting<Configuration>, 11> kConfigurationSettings{{
+const std::array<Setting<Configuration>, 12> kConfigurationSettings{{
     {"providers", "providers", Kind::kStringList, 0, 0,
      [](Configuration& c, Value&& v) { c.providers = strings_of(std::move(v)); },
      [](const Configuration& c) { return toml_array(c.providers); },
@@ -87,6 +87,14 @@ const std::array<Setting<Configuration>, 11> kConfigurationSettings{{
      [](Configuration& c, Value&& v) { c.max_piece_bytes = number_of(v); },
      [](const Configuration& c) { return std::to_string(c.max_piece_bytes); },
      "largest single RMA posted; larger pieces are split; 0: the provider's max_msg_size"},
+    {"worker_idle_poll_us", "worker-idle-poll-us", Kind::kInteger, 0, kMaxWorkerIdlePollUs,
+     [](Configuration& c, Value&& v) {
+       c.worker_idle_poll = std::chrono::microseconds(
+           static_cast<std::chrono::microseconds::rep>(number_of(v)));
+     },
+     [](const Configuration& c) { return std::to_string(c.worker_idle_poll.count()); },
+     "microseconds a fabric worker out of work keeps polling (yielding its core) before it "
+     "sleeps: a transfer submitted meanwhile is posted without a wake-up; 0: sleep at once"},
 }};
 
 const std::array<Setting<ModuleOptions>, 6> kModuleSettings{{

@@ -39,6 +39,8 @@ namespace dma::settings {
 inline constexpr std::uint64_t kMaxCrcThreads = 256;
 inline constexpr std::uint64_t kMaxDeadlineMs = std::numeric_limits<std::int32_t>::max();
 inline constexpr std::uint64_t kMaxServicesPerDomain = 64;
+// worker_idle_poll_us at most one second: it is spent polling a core after every burst of work.
+inline constexpr std::uint64_t kMaxWorkerIdlePollUs = 1000000;
 inline constexpr std::uint64_t kUnbounded = std::numeric_limits<std::int64_t>::max();
 
 enum class Kind : std::uint8_t {

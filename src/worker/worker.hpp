@@ -12,12 +12,15 @@
 //      (delivery.hpp), a partial batch flushed when the queue runs dry or before parking;
 //   4a. tells the service when that check finds the endpoint wedged (expiry.hpp): the service
 //       opens a new one and this worker only drains (service.hpp, "Endpoint replacement");
-//   6. parks on the channel when nothing is queued or live in flight (no spinning while idle;
-//      with expired pieces held it wakes every kHeldPollInterval to reap them), and naps on it
-//      for kNapInterval at a time once transfers in flight have produced nothing for
-//      kSpinBeforeNap: a 16 MiB write on shm is copied by the target's process for milliseconds,
-//      and spinning through them was most of the server's CPU per DMA.GET (docs/PERFORMANCE.md,
-//      "Value store"); short transfers complete within the spin and never wait for a nap.
+//   6. parks on the channel when nothing is queued or live in flight, once it has polled on
+//      for Configuration::worker_idle_poll without finding work (with expired pieces held it
+//      wakes every kHeldPollInterval to reap them), and naps on it for kNapInterval at a time
+//      once transfers in flight have produced nothing for kSpinBeforeNap: a 16 MiB write on
+//      shm is copied by the target's process for milliseconds, and spinning through them was
+//      most of the server's CPU per DMA.GET (docs/PERFORMANCE.md, "Value store"); short
+//      transfers complete within the spin and never wait for a nap. Both spins yield the core
+//      (past the first 64 passes, every kYieldEvery): on shm the target that copies a transfer
+//      may be waiting for this very core (docs/PERFORMANCE.md, "Speed, sixth pass").
 // Everything it decides by time it reads from its WorkerClock (clock.hpp), so a test can build
 // a Worker on its own thread over a ManualClock and call step(false) itself: no thread, no
 // sleep (tests/test_worker.cpp). The thread is a detail of FabricService.
@@ -55,6 +58,9 @@ inline constexpr std::chrono::milliseconds kHeldPollInterval{20};
 // message ends it at once).
 inline constexpr std::chrono::microseconds kSpinBeforeNap{200};
 inline constexpr std::chrono::microseconds kNapInterval{50};
+// Quiet passes between two yields of the core while transfers are in flight, after the first
+// 64; an idle poll (worker_idle_poll) yields on every pass.
+inline constexpr std::uint32_t kYieldEvery = 16;
 
 struct WorkerOptions {
   WorkerClock clock;  // the real steady clock unless a test gives a ManualClock
@@ -98,6 +104,8 @@ class Worker {
   // Passes that found nothing to take, post or reap while transfers were in flight, and naps
   // taken (diagnostics, tests).
   std::uint64_t naps() const noexcept { return naps_; }
+  // Idle passes that polled on (worker_idle_poll) instead of parking (diagnostics, tests).
+  std::uint64_t idle_polls() const noexcept { return idle_polls_; }
   // Whether the endpoint was retired (replaced under the service): transfers still arriving
   // fail with "endpoint replaced: ", what it held has been failed to its callers.
   bool retired() const noexcept { return retired_; }
@@ -119,6 +127,10 @@ class Worker {
   // Whether this blocking pass should nap: transfers are in flight, nothing is queued, and no
   // pass has made progress for kSpinBeforeNap (the steady clock is read every 64 quiet passes).
   bool nap_due();
+  // Whether this idle, blocking pass should poll on instead of parking: less than
+  // worker_idle_poll has passed since the worker ran out of work (the steady clock is read on
+  // idle passes after the first only).
+  bool idle_poll_due();
   // Shutting down with transfers still live past the service's drain bound
   // (ServiceShared::drain_until_ns): what is left fails now and is held until the endpoint
   // closes, so a bounded shutdown still delivers every completion.
@@ -146,6 +158,7 @@ class Worker {
   std::shared_ptr<ServiceShared> shared_;
   bool efa_addresses_ = false;
   std::chrono::milliseconds held_poll_interval_;
+  std::chrono::microseconds idle_poll_;  // Configuration::worker_idle_poll
   Poster poster_;
   Reaper reaper_;
   Expiry expiry_;
@@ -159,6 +172,9 @@ class Worker {
   std::uint64_t quiet_batches_ = 0;  // table_.batches at the end of the last pass
   std::chrono::steady_clock::time_point quiet_since_{};
   std::uint64_t naps_ = 0;
+  std::uint64_t idle_passes_ = 0;  // idle passes in a row (blocking ones), since the last work
+  std::chrono::steady_clock::time_point idle_since_{};  // the second of them
+  std::uint64_t idle_polls_ = 0;
   std::uint64_t turns_ = 0;
   bool retired_ = false;
   bool wedge_reported_ = false;  // told the service once; it retires this endpoint after
