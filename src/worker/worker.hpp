@@ -18,9 +18,10 @@
 //      once transfers in flight have produced nothing for kSpinBeforeNap: a 16 MiB write on
 //      shm is copied by the target's process for milliseconds, and spinning through them was
 //      most of the server's CPU per DMA.GET (docs/PERFORMANCE.md, "Value store"); short
-//      transfers complete within the spin and never wait for a nap. Both spins yield the core
-//      (past the first 64 passes, every kYieldEvery): on shm the target that copies a transfer
-//      may be waiting for this very core (docs/PERFORMANCE.md, "Speed, sixth pass").
+//      transfers complete within the spin and never wait for a nap. On shm the spin yields
+//      the core (past the first 64 passes, every kYieldEvery): the target that copies a
+//      transfer may be waiting for this very core (docs/PERFORMANCE.md, "Speed, sixth pass").
+//      The idle poll yields on every pass that finds nothing.
 // Everything it decides by time it reads from its WorkerClock (clock.hpp), so a test can build
 // a Worker on its own thread over a ManualClock and call step(false) itself: no thread, no
 // sleep (tests/test_worker.cpp). The thread is a detail of FabricService.
@@ -58,8 +59,8 @@ inline constexpr std::chrono::milliseconds kHeldPollInterval{20};
 // message ends it at once).
 inline constexpr std::chrono::microseconds kSpinBeforeNap{200};
 inline constexpr std::chrono::microseconds kNapInterval{50};
-// Quiet passes between two yields of the core while transfers are in flight, after the first
-// 64; an idle poll (worker_idle_poll) yields on every pass.
+// Quiet passes between two yields of the core while transfers to shm peers are in flight,
+// after the first 64; an idle poll (worker_idle_poll) yields on every pass.
 inline constexpr std::uint32_t kYieldEvery = 16;
 
 struct WorkerOptions {
@@ -157,6 +158,7 @@ class Worker {
   std::unique_ptr<PeerAddresses> peers_;
   std::shared_ptr<ServiceShared> shared_;
   bool efa_addresses_ = false;
+  bool yield_in_spin_ = false;  // shm: the peer's process copies, perhaps queued on our core
   std::chrono::milliseconds held_poll_interval_;
   std::chrono::microseconds idle_poll_;  // Configuration::worker_idle_poll
   Poster poster_;
