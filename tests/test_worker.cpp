@@ -452,6 +452,55 @@ TEST(SteppedWorker, an_idle_worker_parks_on_the_channel_and_a_busy_one_does_not)
       << "parked with a transfer queued (only the pass that took it in may park)";
 }
 
+TEST(SteppedWorker, an_shm_peer_is_rung_after_each_write_but_only_every_kReadsPerRing_reads) {
+  // If this fails, every DMA.SET over shm wakes the client's progress thread for a read that
+  // shm already copied inside fi_read (it then polls on the core the server needs), or a
+  // client's command queue fills with the fast reads' notices because nothing wakes it to
+  // drain them, and posts are refused. A read whose copy does need the peer (no cross-memory
+  // attach) is rung after the reap: ctest runs TargetProgress.*shm with FI_SHM_DISABLE_CMA=1.
+  Configuration configuration = loopback("shm");
+  Stepped stepped(configuration);
+  ASSERT_TRUE(stepped);
+  Worker& worker = stepped.worker();
+  Peer peer(configuration, 4096, 41);
+  auto read = [&] {
+    TransferRequest request;
+    request.client_id = 1;
+    request.peer_address = testing::address_of(peer.target->local_address());
+    request.regions.push_back(peer.exposed->whole());
+    request.direction = Direction::kFromPeer;
+    request.length = 4096;
+    request.context = std::make_unique<Buffer>();
+    return request;
+  };
+  std::size_t done = 0;
+  auto finish = [&](TransferRequest request) {
+    stepped.submit(std::move(request));
+    ++done;
+    ASSERT_TRUE(stepped.step_until([&] { return stepped.collector.count() == done; }));
+  };
+  // The first post to a peer may be refused while shm connects, and a refusal rings.
+  finish(read());
+  const auto entry = worker.peers().find(1);
+  ASSERT_NE(nullptr, entry);
+  const std::uint32_t unrung = entry->progress.unrung_reads;
+  ASSERT_GE(unrung, 1u);
+  const std::uint64_t rings = worker.peer_rings();
+  for (std::uint32_t n = unrung + 1; n < internal::kReadsPerRing; ++n) finish(read());
+  EXPECT_EQ(rings, worker.peer_rings()) << "a read that shm copied in fi_read rang the peer";
+  EXPECT_EQ(internal::kReadsPerRing - 1, entry->progress.unrung_reads);
+  EXPECT_EQ(0u, worker.peer_rings_deferred())
+      << "a read was still in flight after its reap (no cross-memory attach here?)";
+  finish(read());
+  EXPECT_EQ(rings + 1, worker.peer_rings()) << "kReadsPerRing reads did not ring once";
+  EXPECT_EQ(0u, entry->progress.unrung_reads);
+  finish(peer.write(1, 0, pattern(64, 42)));
+  EXPECT_EQ(rings + 2, worker.peer_rings()) << "a write did not ring its peer";
+  for (const auto& finished : stepped.collector.wait_for(done, std::chrono::milliseconds(0))) {
+    EXPECT_TRUE(finished.outcome) << finished.outcome.error().describe();
+  }
+}
+
 TEST(SteppedWorker, an_idle_worker_polls_on_for_worker_idle_poll_after_work_then_parks) {
   // If this fails, a worker that just ran out of work sleeps at once, and the next transfer
   // (a client's next DMA.GET, typically within ~150 us) waits for a thread to wake; or it

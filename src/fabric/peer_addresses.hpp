@@ -85,6 +85,8 @@ class RegisteredAddress {
     // peer's progress thread (docs/PROVIDERS.md, "shm").
     bool contact_requested = false;
     bool contact_answered = false;
+    // shm: reads posted since the peer's doorbell last rang (poster.hpp).
+    std::uint32_t unrung_reads = 0;
     bool awaits_contact() const noexcept { return contact_requested && !contact_answered; }
   };
   Progress progress;

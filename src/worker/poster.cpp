@@ -53,8 +53,14 @@ void Poster::post(OpTable& table, bool closed, std::vector<Op*>& ended) {
         } else if (op->peer_entry) {
           ++op->peer_entry->progress.live_pieces;
           op->peer_entry->progress.refusing_since.reset();
-          // shm: the target's progress does the copy; wake it if it sleeps.
-          if (const PeerProcess* owner = op->peer_entry->owner()) owner->ring();
+          // shm: a write's copy runs in the target's progress; wake it if it sleeps. A read's
+          // wake waits for the reap (top of poster.hpp).
+          if (op->request.direction == Direction::kFromPeer && op->peer_entry->owner() &&
+              ++op->peer_entry->progress.unrung_reads < kReadsPerRing) {
+            if (unrung_reads_.empty() || unrung_reads_.back() != op) unrung_reads_.push_back(op);
+          } else {
+            ring(*op);
+          }
         }
         op->local_offset += size;
         op->region_offset += size;
@@ -73,7 +79,7 @@ void Poster::post(OpTable& table, bool closed, std::vector<Op*>& ended) {
         // connection request) or drained its queue: wake it for that too.
         if (op->peer_entry) {
           op->peer_entry->progress.contact_requested = true;
-          if (const PeerProcess* owner = op->peer_entry->owner()) owner->ring();
+          ring(*op);
         }
         if (past_progress_deadline(*op, clock_.now())) {
           op->error = Error(ErrorCode::kUnreachable,
@@ -106,6 +112,25 @@ void Poster::post(OpTable& table, bool closed, std::vector<Op*>& ended) {
     }
     break;
   }
+}
+
+void Poster::ring(const Op& op) noexcept {
+  if (!op.peer_entry) return;
+  const PeerProcess* owner = op.peer_entry->owner();
+  if (owner == nullptr) return;
+  op.peer_entry->progress.unrung_reads = 0;
+  owner->ring();
+  ++rings_;
+}
+
+void Poster::ring_unfinished_reads() {
+  for (Op* op : unrung_reads_) {
+    if (op->in_flight > 0 && !op->expired) {
+      ring(*op);
+      ++rings_deferred_;
+    }
+  }
+  unrung_reads_.clear();
 }
 
 void Poster::check_owner(Op& op, std::uint64_t current_batch) {

@@ -21,6 +21,18 @@
 // is taken, which shm does only once the request has been read; the liveness check, the
 // progress deadline and the shutdown drain still bound the wait.
 //
+// Waking an shm peer (its doorbell, liveness_mark.hpp): after a write, at once, since the
+// copy runs in the peer's progress (FI_DELIVERY_COMPLETE keeps shm off its fast path). A read
+// usually needs no peer at all: with FI_MR_VIRT_ADDR and no RMA ordering shm copies it inside
+// fi_read with process_vm_readv and writes our completion before returning ("fast RMA",
+// docs/PROVIDERS.md). So a read's ring waits for the reap that follows its post, and rings only
+// if the read is still in flight then (no cross-memory attach: FI_SHM_DISABLE_CMA, a Yama
+// ptrace scope that forbids it). Ringing every read woke the client's progress thread for
+// nothing; it then polled for its linger on the core the server's main thread needed (1 MiB
+// DMA.SET over shm: p50 232 -> 212 us, docs/PERFORMANCE.md). A fast read still leaves a notice
+// in the peer's command queue, which only its progress drains: every kReadsPerRing unrung reads
+// to a peer ring anyway, before the queue fills and posts are refused.
+//
 // Ownership: owned by the Worker; borrows the endpoint and counters. Thread-safety: the worker
 // thread only.
 #pragma once
@@ -41,6 +53,10 @@ namespace dma::internal {
 // after -FI_EAGAIN (a new operation always asks afresh; peer_process.hpp).
 inline constexpr std::chrono::milliseconds kOwnerRecheck{1};
 
+// Reads posted to an shm peer without waking it before one does (top of this file). shm's
+// command queue holds 1024 by default (FI_SHM_RX_SIZE).
+inline constexpr std::uint32_t kReadsPerRing = 64;
+
 class Poster {
  public:
   Poster(const Endpoint& endpoint, std::size_t cap, std::size_t max_piece,
@@ -53,7 +69,9 @@ class Poster {
         clock_(clock),
         counters_(counters),
         gate_(gate),
-        contact_queued_(endpoint.describe().provider == "shm") {}
+        contact_queued_(endpoint.describe().provider == "shm") {
+    unrung_reads_.reserve(cap_);
+  }
 
   // Posts pieces of the queued transfers while fewer than the cap are live in flight, each
   // transfer getting one turn. A transfer that has failed with nothing of it in flight (or that
@@ -62,7 +80,15 @@ class Poster {
   // caller to finish.
   void post(OpTable& table, bool closed, std::vector<Op*>& ended);
 
+  // After the reap that follows post(): wakes the shm peer of each read posted without a ring
+  // that is still in flight (its copy needs the peer's progress after all). Before the ended
+  // transfers are finished, while every op posted is still the same transfer.
+  void ring_unfinished_reads();
+
   std::size_t cap() const noexcept { return cap_; }
+  // Rings of an shm peer's doorbell made and left to after the reap (tests).
+  std::uint64_t rings() const noexcept { return rings_; }
+  std::uint64_t rings_deferred() const noexcept { return rings_deferred_; }
 
  private:
   // Whether `op`'s peer has refused every post for the progress deadline (called on -FI_EAGAIN).
@@ -79,8 +105,16 @@ class Poster {
   WorkerClock clock_;
   AtomicCounters& counters_;
   Gate& gate_;
+  // Wakes `op`'s shm peer, if it has one that can be woken.
+  void ring(const Op& op) noexcept;
+
   // shm: a refused first post leaves a request in the peer's queue that reads our region.
   bool contact_queued_;
+  // Reads posted this pass whose peer was not woken (ring_unfinished_reads); at most one entry
+  // per piece posted, so never more than the cap.
+  std::vector<Op*> unrung_reads_;
+  std::uint64_t rings_ = 0;
+  std::uint64_t rings_deferred_ = 0;
 };
 
 }  // namespace dma::internal

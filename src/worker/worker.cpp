@@ -244,6 +244,7 @@ void Worker::post() {
 
 bool Worker::reap() {
   const std::size_t reaped = reaper_.reap(table_, ended_);
+  poster_.ring_unfinished_reads();
   finish_ended();
   return reaped == 0 || table_.in_flight == 0;
 }

@@ -107,6 +107,9 @@ class Worker {
   std::uint64_t naps() const noexcept { return naps_; }
   // Idle passes that polled on (worker_idle_poll) instead of parking (diagnostics, tests).
   std::uint64_t idle_polls() const noexcept { return idle_polls_; }
+  // shm doorbell rings, and of those the ones a read needed after all (poster.hpp).
+  std::uint64_t peer_rings() const noexcept { return poster_.rings(); }
+  std::uint64_t peer_rings_deferred() const noexcept { return poster_.rings_deferred(); }
   // Whether the endpoint was retired (replaced under the service): transfers still arriving
   // fail with "endpoint replaced: ", what it held has been failed to its callers.
   bool retired() const noexcept { return retired_; }
