@@ -1,6 +1,7 @@
 // Caller memory the service may register: CacheableSpan (an extent a caller vouches for),
-// invalidate() (the hook an allocator calls before it reclaims pages), and MemoryRegion<S>
-// (caller storage registered on a service, retired when its last copy goes).
+// invalidate() (the hook an allocator calls before it reclaims pages), MemoryRegion<S>
+// (caller storage registered on a service, retired when its last copy goes), and Buffer (memory
+// for values that cross the fabric, on huge pages where they pay).
 //
 // Registrations are kept in one process-wide cache, because pages are a process-wide resource:
 // whoever reclaims them must retire every registration over them, on every domain, at once.
@@ -10,6 +11,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <utility>
 
 #include "dma/export.hpp"
@@ -77,6 +79,69 @@ class MemoryRegion {
     std::uintptr_t end;
   };
   std::shared_ptr<Holder> holder_;
+};
+
+// Memory for the values a client moves over the fabric (DMA.GET landings, DMA.SET sources,
+// exposed buffers): its own anonymous mapping, faulted in before allocate() returns, and from
+// Buffer::kHugePagesFrom bytes aligned to 2 MiB, rounded up to whole 2 MiB pages and advised
+// onto transparent huge pages (madvise MADV_HUGEPAGE; the system's
+// /sys/kernel/mm/transparent_hugepage/enabled must say "madvise" or "always").
+//
+// Why: whoever copies a value between two processes pins the other process's pages one by
+// one (on shm the server copies a DMA.SET's value out of the client with process_vm_readv,
+// docs/PROVIDERS.md), and registration and RDMA NICs walk them the same way, so the page size
+// of the client's memory sets the speed. A 1 MiB DMA.SET over shm went from 1.3x to 1.8x the
+// speed of Redis's own SET on huge pages (docs/PERFORMANCE.md, "Speed, seventh pass"). malloc
+// cannot give this to a 1 MiB value: a huge page needs a 2 MiB-aligned 2 MiB range, and a
+// 1 MiB allocation never spans one.
+//
+// The price: a Buffer of 1 MiB maps 2 MiB (mapped() says how much), and a huge page written
+// after fork() copies 2 MiB. Below kHugePagesFrom the mapping is whole 4 KiB pages.
+//
+// Destroying a Buffer invalidate()s its range before unmapping it, so a registration the
+// process-wide cache holds over it (a service's pin() or operands) is retired first. An Exposed
+// region over it (Target::expose) is the caller's to destroy before the Buffer, as with any
+// memory. Move-only; like a std::vector, several threads may read it at once.
+class DMA_EXPORT Buffer {
+ public:
+  static constexpr std::size_t kHugePageBytes = std::size_t{2} << 20;
+  static constexpr std::size_t kHugePagesFrom = std::size_t{1} << 20;
+  enum class HugePages : std::uint8_t {
+    kAuto,    // from kHugePagesFrom bytes
+    kAlways,  // any length (a 4 KiB value maps 2 MiB)
+    kNever,   // 4 KiB pages whatever the length
+  };
+
+  // `length` bytes, zeroed. kInvalidArgument for 0 or a length whose mapping would overflow;
+  // kResourceExhausted (naming the length and errno) if the mapping or its faulting-in fails.
+  // Where madvise refuses the advice (a kernel without THP) the buffer is still returned, on
+  // 4 KiB pages, and huge_pages() says false.
+  static Result<Buffer> allocate(std::size_t length, HugePages huge_pages = HugePages::kAuto);
+
+  Buffer() noexcept = default;  // empty: data() nullptr, size() 0
+  Buffer(Buffer&& other) noexcept;
+  Buffer& operator=(Buffer&& other) noexcept;
+  ~Buffer();
+  Buffer(const Buffer&) = delete;
+  Buffer& operator=(const Buffer&) = delete;
+
+  std::byte* data() const noexcept { return data_; }
+  std::size_t size() const noexcept { return size_; }
+  std::span<std::byte> bytes() const noexcept { return {data_, size_}; }
+  // Bytes mapped for it: size() rounded up to 4 KiB or 2 MiB pages.
+  std::size_t mapped() const noexcept { return mapped_; }
+  // Whether it was advised onto huge pages (the kernel may still have backed it with 4 KiB
+  // pages: THP "never", or no free huge page; /proc/self/smaps, AnonHugePages, tells).
+  bool huge_pages() const noexcept { return huge_; }
+
+ private:
+  Buffer(std::byte* data, std::size_t size, std::size_t mapped, bool huge) noexcept
+      : data_(data), size_(size), mapped_(mapped), huge_(huge) {}
+  void release() noexcept;
+  std::byte* data_ = nullptr;
+  std::size_t size_ = 0;
+  std::size_t mapped_ = 0;
+  bool huge_ = false;
 };
 
 }  // namespace dma

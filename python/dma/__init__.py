@@ -21,6 +21,10 @@ will. ``await client.drain()`` returns once every call submitted before it has f
 which a buffer given to a cancelled call is the caller's again. ``ClientPool`` spreads calls over
 several clients to run them concurrently.
 
+``dma.Buffer(length)`` is memory made for values that cross the fabric (zeroed, its own mapping,
+on 2 MiB huge pages from 1 MiB): a DMA.SET's value is copied out of it, and a DMA.GET lands in
+it, faster than out of a bytearray (README, "Client memory").
+
 ``client.last_checksum`` is the CRC32C the last ``get`` checked its value against (None before
 any, and after one that failed or found no key). A ``get`` that fails without its reply
 (UnreachableError) leaves its buffer to the server, which may still write into it:
@@ -41,6 +45,7 @@ from typing import Any, Callable, Optional, Sequence, TypeVar, Union
 from . import _dma
 from ._dma import (  # noqa: F401  (re-exported)
     DEFAULT_INLINE_MAX,
+    Buffer,
     Busy,
     ConfigurationError,
     CorruptedError,
@@ -48,6 +53,7 @@ from ._dma import (  # noqa: F401  (re-exported)
     ErrorKind,
     Exposed,
     FabricError,
+    HugePages,
     InvalidArgumentError,
     NotFoundError,
     ResourceExhaustedError,
@@ -61,7 +67,7 @@ from ._dma import (  # noqa: F401  (re-exported)
 
 __version__: str = _dma.__version__
 __all__ = [
-    "Client", "ClientPool", "Target", "Exposed", "Busy", "Error", "ErrorKind",
+    "Client", "ClientPool", "Target", "Exposed", "Busy", "Buffer", "HugePages", "Error", "ErrorKind",
     "InvalidArgumentError", "ConfigurationError", "FabricError", "UnreachableError",
     "TimedOutError", "WorkerGoneError", "NotFoundError", "ResourceExhaustedError",
     "CorruptedError", "crc32c", "version", "DEFAULT_INLINE_MAX",

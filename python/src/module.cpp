@@ -27,6 +27,9 @@
 // dma::Client (its Target) is gone: the object cannot be freed or resized meanwhile, even after
 // an Exposed on it is closed. Every call on the Client drops the holds that have settled.
 //
+// dma.Buffer is dma::Buffer (include/dma/memory.hpp) with the buffer protocol: writable bytes
+// (format "B"), freed when the last reference goes, which a memoryview or an export holds.
+//
 // Errors: a dma::Error becomes an instance of dma.Error's subclass for its ErrorCode, with
 // .kind (dma.ErrorKind), .message and str() "<kind>: <message>" (Error::describe()).
 #include <pybind11/pybind11.h>
@@ -45,6 +48,7 @@
 #include "conversions.hpp"
 #include "dma/client.hpp"
 #include "dma/configuration.hpp"
+#include "dma/memory.hpp"
 #include "dma/protocol.hpp"
 #include "dma/target.hpp"
 #include "dma/version.hpp"
@@ -524,6 +528,33 @@ PYBIND11_MODULE(_dma, m) {
       .def("synchronize", &PyTarget::synchronize)
       .def_property_readonly("progress_polls", &PyTarget::progress_polls)
       .def("busy", [](PyTarget& self) { return PyBusy{self.busy()}; }, py::keep_alive<0, 1>());
+
+  py::enum_<dma::Buffer::HugePages>(m, "HugePages",
+                                    "Whether a Buffer is advised onto huge pages.")
+      .value("AUTO", dma::Buffer::HugePages::kAuto)
+      .value("ALWAYS", dma::Buffer::HugePages::kAlways)
+      .value("NEVER", dma::Buffer::HugePages::kNever);
+
+  py::class_<dma::Buffer>(m, "Buffer", py::buffer_protocol(),
+                          "Memory for values that cross the fabric: its own zeroed mapping, on "
+                          "2 MiB huge pages from 1 MiB (see HugePages). Any call that takes a "
+                          "buffer takes it; memoryview(buffer) and numpy.frombuffer(buffer, ...) "
+                          "use it in place.")
+      .def(py::init([](std::size_t length, dma::Buffer::HugePages huge_pages) {
+             return check(dma::Buffer::allocate(length, huge_pages));
+           }),
+           py::arg("length"), py::arg("huge_pages") = dma::Buffer::HugePages::kAuto)
+      .def_buffer([](dma::Buffer& self) {
+        return py::buffer_info(self.data(), 1, py::format_descriptor<std::uint8_t>::format(), 1,
+                               {self.size()}, {1});
+      })
+      .def("__len__", &dma::Buffer::size)
+      .def_property_readonly("mapped", &dma::Buffer::mapped,
+                             "Bytes mapped for it: its length rounded up to 4 KiB or 2 MiB pages.")
+      .def_property_readonly("huge_pages", &dma::Buffer::huge_pages,
+                             "Whether it was advised onto huge pages.")
+      .def_readonly_static("HUGE_PAGE_BYTES", &dma::Buffer::kHugePageBytes)
+      .def_readonly_static("HUGE_PAGES_FROM", &dma::Buffer::kHugePagesFrom);
 
   m.def("crc32c", [](const py::handle& buffer) {
     BufferView view(buffer, false);

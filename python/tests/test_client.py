@@ -88,6 +88,34 @@ def test_a_16_mib_value_round_trips_through_an_exposed_buffer(client: dma.Client
     source.close()
 
 
+def test_a_buffer_is_writable_memory_that_values_go_into_and_out_of(client: dma.Client) -> None:
+    # Fails if dma.Buffer's buffer protocol is read-only, the wrong length, or not the memory a
+    # get() lands in; or if a huge-page Buffer breaks a transfer.
+    value = pattern(3 * MIB + 5, seed=12)
+    source = dma.Buffer(len(value))
+    assert len(source) == len(value)
+    assert source.huge_pages and source.mapped == 2 * dma.Buffer.HUGE_PAGE_BYTES
+    assert bytes(memoryview(source)) == bytes(len(value))  # zeroed
+    memoryview(source)[:] = value
+    client.set("from-a-buffer", source)
+    landing = dma.Buffer(len(value))
+    assert client.get("from-a-buffer", out=landing) == len(value)
+    assert bytes(memoryview(landing)) == value
+    as_array = numpy.frombuffer(landing, dtype=numpy.uint8)
+    assert as_array.nbytes == len(value) and as_array[0] == value[0]
+    with client.expose(landing) as exposed:
+        memoryview(landing)[:] = bytes(len(value))
+        assert client.get("from-a-buffer", out=exposed) == len(value)
+        assert bytes(memoryview(landing)) == value
+
+    small = dma.Buffer(100, huge_pages=dma.HugePages.NEVER)
+    assert len(small) == 100 and small.mapped == 4096 and not small.huge_pages
+    with pytest.raises(dma.InvalidArgumentError):
+        dma.Buffer(0)
+    with pytest.raises(dma.ResourceExhaustedError, match=str(1 << 50)):
+        dma.Buffer(1 << 50)
+
+
 def test_a_missing_key_is_none(client: dma.Client) -> None:
     # Fails if a key that does not exist reads as an empty value or raises.
     assert client.get("no-such-key") is None
