@@ -36,6 +36,7 @@
 
 #include "commands.hpp"
 #include "dma/client.hpp"
+#include "dma/memory.hpp"
 #include "dma/protocol.hpp"
 #include "support/command_line.hpp"
 #include "support/pattern.hpp"
@@ -60,10 +61,40 @@ using support::RedisServer;
 // One benchmark client: a dma::Client and a plain connection, used by one thread per phase.
 // With `--registration once` the client's buffers are exposed once per case and it uses
 // Client's exposed-buffer calls, to measure what the per-call registration of get/set costs.
+// With `--client-memory heap` its values and landing are malloc's (ValueMemory).
 struct Peer {
   std::unique_ptr<Client> dma;
   bool expose_once = false;
+  bool heap_memory = false;
   std::unique_ptr<RedisConnection> plain;  // the baseline's client, seeding and read-back
+};
+
+// A client's memory for one value (a pattern, or the landing of GETs): a dma::Buffer, what the
+// library recommends for values (huge pages from 1 MiB, include/dma/memory.hpp), or with
+// `--client-memory heap` a std::vector (malloc's pages), to measure what that costs. Both sides
+// of a case use the same memory.
+class ValueMemory {
+ public:
+  static Result<ValueMemory> make(std::size_t size, bool heap) {
+    ValueMemory memory;
+    if (heap || size == 0) {
+      memory.heap_.resize(size);
+    } else {
+      DMA_TRY_ASSIGN(memory.buffer_, Buffer::allocate(size));
+    }
+    return memory;
+  }
+  std::span<std::byte> bytes() {
+    return buffer_.data() != nullptr ? buffer_.bytes() : std::span<std::byte>(heap_);
+  }
+  std::span<const std::byte> bytes() const {
+    return buffer_.data() != nullptr ? buffer_.bytes() : std::span<const std::byte>(heap_);
+  }
+  std::size_t size() const { return bytes().size(); }
+
+ private:
+  Buffer buffer_;
+  std::vector<std::byte> heap_;
 };
 
 // A client's share of one case: its keys, its two pattern values, which value each key holds,
@@ -77,9 +108,9 @@ enum class Kind { kDma, kPlain };
 struct Share {
   Keys dma_keys;    // module values
   Keys plain_keys;  // strings
-  std::vector<std::vector<std::byte>> values;  // two
-  std::vector<std::uint32_t> value_crcs;       // two
-  std::vector<std::byte> landing;
+  std::vector<ValueMemory> values;        // two
+  std::vector<std::uint32_t> value_crcs;  // two
+  ValueMemory landing;
   Keys& keys(Kind kind) { return kind == Kind::kDma ? dma_keys : plain_keys; }
   // With --registration once: landing and values exposed for the whole case. Declared after
   // the buffers so they are closed first.
@@ -129,7 +160,7 @@ bool one_operation(Kind kind, bool get, Peer& peer, Share& share, Tally& tally) 
     std::size_t length = 0;
     if (kind == Kind::kDma) {
       auto got = peer.expose_once ? peer.dma->get(key, *share.landing_exposed)
-                                  : peer.dma->get(key, share.landing);
+                                  : peer.dma->get(key, share.landing.bytes());
       if (!got) {
         if (got.error().code() == ErrorCode::kCorrupted) {
           ++tally.mismatches;
@@ -174,7 +205,7 @@ bool one_operation(Kind kind, bool get, Peer& peer, Share& share, Tally& tally) 
   }
   // A SET writes the value the key does not hold, so every SET changes the key.
   const std::size_t value = 1 - keys.holds[index];
-  const std::span<const std::byte> bytes = share.values[value];
+  const std::span<const std::byte> bytes = share.values[value].bytes();
   if (kind == Kind::kDma) {
     Status stored = peer.expose_once
                         ? peer.dma->set(key, share.values_exposed[value], bytes.size())
@@ -269,13 +300,16 @@ std::string key_prefix(std::size_t size, std::size_t client) {
 Result<Share> make_share(Peer& peer, std::size_t size, std::size_t keys, std::size_t client,
                          std::uint32_t seed) {
   Share share;
-  share.landing.resize(size);
+  DMA_TRY_ASSIGN(share.landing, ValueMemory::make(size, peer.heap_memory));
   for (std::uint32_t value = 0; value < 2; ++value) {
-    share.values.push_back(support::make_pattern(size, seed + value));
-    share.value_crcs.push_back(crc32c(share.values.back()));
+    DMA_TRY_ASSIGN(ValueMemory memory, ValueMemory::make(size, peer.heap_memory));
+    const std::vector<std::byte> pattern = support::make_pattern(size, seed + value);
+    std::copy(pattern.begin(), pattern.end(), memory.bytes().begin());
+    share.value_crcs.push_back(crc32c(memory.bytes()));
+    share.values.push_back(std::move(memory));
   }
   for (std::size_t index = 0; index < keys; ++index) {
-    const auto& value = share.values[index % 2];
+    const auto value = share.values[index % 2].bytes();
     share.plain_keys.names.push_back(key_prefix(size, client) + "plain:" + std::to_string(index));
     share.plain_keys.holds.push_back(index % 2);
     DMA_TRY(peer.plain->command({"SET", share.plain_keys.names.back(), as_text(value)}));
@@ -290,9 +324,10 @@ Result<Share> make_share(Peer& peer, std::size_t size, std::size_t keys, std::si
   }
   if (peer.expose_once) {
     DMA_TRY_ASSIGN(share.landing_exposed,
-                   peer.dma->target().expose(share.landing.data(), share.landing.size()));
+                   peer.dma->target().expose(share.landing.bytes().data(), share.landing.size()));
     for (auto& value : share.values) {
-      DMA_TRY_ASSIGN(Exposed exposed, peer.dma->target().expose(value.data(), value.size()));
+      DMA_TRY_ASSIGN(Exposed exposed,
+                     peer.dma->target().expose(value.bytes().data(), value.size()));
       share.values_exposed.push_back(std::move(exposed));
     }
   }
@@ -416,6 +451,7 @@ Result<std::vector<Peer>> connect_peers(const std::string& host, int port,
                                              client_options));
     DMA_TRY(peer.dma->hello());
     peer.expose_once = options.expose_once;
+    peer.heap_memory = options.heap_memory;
     DMA_TRY_ASSIGN(peer.plain, RedisConnection::open(host, port, kReplyTimeout));
     peers.push_back(std::move(peer));
   }

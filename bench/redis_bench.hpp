@@ -25,6 +25,9 @@ struct RedisOptions {
   // false: DMA through dma::Client, which exposes (registers) the buffer on every call; true:
   // the same commands with every buffer exposed once per case.
   bool expose_once = false;
+  // false: the clients' values and GET landings are dma::Buffers (huge pages from 1 MiB, what
+  // the library recommends); true: std::vectors (malloc), to measure what page size costs.
+  bool heap_memory = false;
   // The module's inline-max and the clients' Options::inline_max; unset: the defaults.
   std::optional<std::size_t> inline_max;
   // Client::Options::busy_poll: each client's target polls without sleeping during a command.

@@ -22,6 +22,7 @@ void add_redis_command(CLI::App& app, int* status) {
     double duration_s = 2;
     bool json = false;
     std::string registration = "per-op";
+    std::string client_memory = "buffer";
     std::uint64_t memory_check = 0;
     std::uint64_t cpu_check = 0;
   };
@@ -46,6 +47,11 @@ void add_redis_command(CLI::App& app, int* status) {
                       "once per case")
       ->capture_default_str()
       ->check(CLI::IsMember({"per-op", "once"}));
+  command->add_option("--client-memory", arguments->client_memory,
+                      "buffer: the clients' values and GET landings are dma::Buffers (huge "
+                      "pages from 1 MiB, include/dma/memory.hpp); heap: std::vectors (malloc)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"buffer", "heap"}));
   command->add_option("--inline-max", arguments->options.inline_max,
                       "the module's inline-max and the clients' threshold: values up to it "
                       "travel in the command or reply (0: every value over the fabric; default: "
@@ -67,6 +73,7 @@ void add_redis_command(CLI::App& app, int* status) {
     }
     a.options.duration = std::chrono::milliseconds(static_cast<long>(a.duration_s * 1000));
     a.options.expose_once = a.registration == "once";
+    a.options.heap_memory = a.client_memory == "heap";
     if (a.cpu_check > 0 || a.memory_check > 0) {
       Progress progress(1);
       Status checked = a.cpu_check > 0 ? cpu_check(a.options, a.cpu_check, progress)
