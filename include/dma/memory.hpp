@@ -90,8 +90,9 @@ class MemoryRegion {
 // Why: whoever copies a value between two processes pins the other process's pages one by
 // one (on shm the server copies a DMA.SET's value out of the client with process_vm_readv,
 // docs/PROVIDERS.md), and registration and RDMA NICs walk them the same way, so the page size
-// of the client's memory sets the speed. A 1 MiB DMA.SET over shm went from 1.3x to 1.8x the
-// speed of Redis's own SET on huge pages (docs/PERFORMANCE.md, "Speed, seventh pass"). malloc
+// of the client's memory sets the speed. A 1 MiB DMA.SET over shm from a Buffer ran 1.9x the
+// speed of Redis's own SET at one client and 2.6x at four, against 1.4x and 1.8x from malloc's
+// memory (docs/PERFORMANCE.md, "Speed, seventh pass"). malloc
 // cannot give this to a 1 MiB value: a huge page needs a 2 MiB-aligned 2 MiB range, and a
 // 1 MiB allocation never spans one.
 //
