@@ -7,6 +7,9 @@
 // written last. Prints a side-by-side table on stdout and progress on stderr, stops the server,
 // and exits 0 only if every byte verified (1 otherwise, 2 for bad arguments).
 //
+// The client's values and landing are dma::Buffers, the memory the library recommends for values
+// (huge pages from 1 MiB; README, "Client memory"); the plain side uses the same memory.
+//
 // This is a demonstration with short fixed counts, not a benchmark: `dma-bench redis` measures.
 #include <CLI/CLI.hpp>
 #include <hiredis/hiredis.h>
@@ -23,6 +26,7 @@
 #include <vector>
 
 #include "dma/client.hpp"
+#include "dma/memory.hpp"
 #include "dma/protocol.hpp"
 #include "support/command_line.hpp"
 #include "support/pattern.hpp"
@@ -132,7 +136,7 @@ dma::Status timed(Side& side, std::size_t& bad, Operation&& operation) {
 // SETs: each DMA.SET and each plain SET writes one of two patterns (alternating, so every write
 // changes the key); afterwards both keys are read back and compared with what was written last.
 dma::Result<Row> run_sets(Session& session, std::size_t size,
-                          const std::vector<std::vector<std::byte>>& values) {
+                          const std::vector<dma::Buffer>& values) {
   Row row;
   row.size = size;
   row.op = "SET";
@@ -141,7 +145,7 @@ dma::Result<Row> run_sets(Session& session, std::size_t size,
   const std::size_t count = count_for(size);
   for (std::size_t index = 0; index < count; ++index) {
     if (index % 16 == 0) session.progress.show(human(size) + " SET", index, count);
-    const auto& value = values[index % 2];
+    const std::span<const std::byte> value = values[index % 2].bytes();
     dma::Status done = timed(row.dma, row.bad, [&]() -> dma::Result<bool> {
       dma::Status stored = session.client.set(dma_key, value);
       if (!stored && stored.error().code() == dma::ErrorCode::kCorrupted) return false;
@@ -155,7 +159,7 @@ dma::Result<Row> run_sets(Session& session, std::size_t size,
     });
     DMA_TRY(done);
   }
-  const auto& last = values[(count - 1) % 2];
+  const std::span<const std::byte> last = values[(count - 1) % 2].bytes();
   for (const std::string& key : {dma_key, plain_key}) {
     DMA_TRY_ASSIGN(const dma::support::Reply reply, session.plain.command({"DMA.GETPLAIN", key}));
     const bool same = dma::support::reply_text(reply) == as_text(last) &&
@@ -169,20 +173,19 @@ dma::Result<Row> run_sets(Session& session, std::size_t size,
 }
 
 // GETs of the value the SETs left behind, each compared byte for byte with it.
-dma::Result<Row> run_gets(Session& session, std::size_t size,
-                          const std::vector<std::byte>& stored) {
+dma::Result<Row> run_gets(Session& session, std::size_t size, const dma::Buffer& stored) {
   Row row;
   row.size = size;
   row.op = "GET";
   const std::string dma_key = "dma-demo:dma:" + std::to_string(size);
   const std::string plain_key = "dma-demo:plain:" + std::to_string(size);
-  std::vector<std::byte> landing(size);
+  DMA_TRY_ASSIGN(const dma::Buffer landing, dma::Buffer::allocate(size));
   const std::size_t count = count_for(size);
   for (std::size_t index = 0; index < count; ++index) {
     if (index % 16 == 0) session.progress.show(human(size) + " GET", index, count);
-    std::fill(landing.begin(), landing.end(), std::byte{0});  // stale bytes must not pass
+    std::fill_n(landing.data(), size, std::byte{0});  // stale bytes must not pass
     dma::Status done = timed(row.dma, row.bad, [&]() -> dma::Result<bool> {
-      auto got = session.client.get(dma_key, landing);
+      auto got = session.client.get(dma_key, landing.bytes());
       if (!got && got.error().code() == dma::ErrorCode::kCorrupted) return false;
       DMA_TRY(got);
       return *got && **got == size && std::memcmp(landing.data(), stored.data(), size) == 0;
@@ -190,7 +193,8 @@ dma::Result<Row> run_gets(Session& session, std::size_t size,
     DMA_TRY(done);
     done = timed(row.plain, row.bad, [&]() -> dma::Result<bool> {
       DMA_TRY_ASSIGN(const dma::support::Reply reply, session.plain.command({"GET", plain_key}));
-      return reply->type == REDIS_REPLY_STRING && dma::support::reply_text(reply) == as_text(stored);
+      return reply->type == REDIS_REPLY_STRING &&
+             dma::support::reply_text(reply) == as_text(stored.bytes());
     });
     DMA_TRY(done);
   }
@@ -246,9 +250,18 @@ int run(const std::string& provider, const std::vector<std::size_t>& sizes) {
   std::vector<Row> rows;
   bool failed = false;
   for (const std::size_t size : sizes) {
-    const std::vector<std::vector<std::byte>> values{
-        dma::support::make_pattern(size, static_cast<std::uint32_t>(size)),
-        dma::support::make_pattern(size, static_cast<std::uint32_t>(size) + 1)};
+    std::vector<dma::Buffer> values;
+    for (const std::uint32_t seed : {0u, 1u}) {
+      auto value = dma::Buffer::allocate(size);
+      if (!value) {
+        std::cerr << "dma-demo: " << value.error().describe() << "\n";
+        return 1;
+      }
+      const std::vector<std::byte> pattern =
+          dma::support::make_pattern(size, static_cast<std::uint32_t>(size) + seed);
+      std::copy(pattern.begin(), pattern.end(), value->data());
+      values.push_back(std::move(*value));
+    }
     auto sets = run_sets(session, size, values);
     if (!sets) {
       progress.clear();

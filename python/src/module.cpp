@@ -8,7 +8,8 @@
 // resize with BufferError while exported). An Exposed holds its export until it is closed.
 //
 // The GIL is released for the whole of every call that talks to the server or the fabric
-// (connect, hello, get, set, length, expose), so other Python threads run meanwhile.
+// (connect, hello, get, set, length, expose) and while a Buffer is mapped and faulted in, so
+// other Python threads run meanwhile.
 //
 // Thread-safety: dma::Client is not thread-safe (one hiredis context), so a ClientState
 // serialises its calls with a mutex taken after the GIL is released (never the other way
@@ -541,7 +542,12 @@ PYBIND11_MODULE(_dma, m) {
                           "buffer takes it; memoryview(buffer) and numpy.frombuffer(buffer, ...) "
                           "use it in place.")
       .def(py::init([](std::size_t length, dma::Buffer::HugePages huge_pages) {
-             return check(dma::Buffer::allocate(length, huge_pages));
+             // Faulting in a large buffer takes a while: other threads run meanwhile.
+             dma::Result<dma::Buffer> allocated = [&] {
+               py::gil_scoped_release release;
+               return dma::Buffer::allocate(length, huge_pages);
+             }();
+             return check(std::move(allocated));
            }),
            py::arg("length"), py::arg("huge_pages") = dma::Buffer::HugePages::kAuto)
       .def_buffer([](dma::Buffer& self) {
