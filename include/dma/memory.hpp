@@ -110,7 +110,7 @@ class DMA_EXPORT Buffer {
   enum class HugePages : std::uint8_t {
     kAuto,    // from kHugePagesFrom bytes
     kAlways,  // any length (a 4 KiB value maps 2 MiB)
-    kNever,   // 4 KiB pages whatever the length
+    kNever,   // 4 KiB pages whatever the length (MADV_NOHUGEPAGE, also under THP "always")
   };
 
   // `length` bytes, zeroed. kInvalidArgument for 0 or a length whose mapping would overflow;

@@ -67,6 +67,9 @@ Result<Buffer> Buffer::allocate(std::size_t length, HugePages huge_pages) {
     if (tail != 0) (void)munmap(start + head + mapped, tail);
     start += head;
     advised = madvise(start, mapped, MADV_HUGEPAGE) == 0;
+  } else if (huge_pages == HugePages::kNever) {
+    // Under THP "always" the kernel would back any aligned 2 MiB of it with a huge page.
+    (void)madvise(start, mapped, MADV_NOHUGEPAGE);
   }
   fault_in(start, mapped);
   return Buffer(start, length, mapped, advised);
