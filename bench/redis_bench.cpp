@@ -435,6 +435,9 @@ Result<std::unique_ptr<RedisServer>> start_server(const RedisOptions& options) {
     server_options.module_arguments.insert(server_options.module_arguments.end(),
                                            {"inline-max", std::to_string(*options.inline_max)});
   }
+  server_options.module_arguments.insert(server_options.module_arguments.end(),
+                                         options.module_arguments.begin(),
+                                         options.module_arguments.end());
   return RedisServer::start(server_options);
 }
 

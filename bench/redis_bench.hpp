@@ -30,6 +30,8 @@ struct RedisOptions {
   bool heap_memory = false;
   // The module's inline-max and the clients' Options::inline_max; unset: the defaults.
   std::optional<std::size_t> inline_max;
+  // More module load arguments, name and value in turn (an A/B of a setting).
+  std::vector<std::string> module_arguments;
   // Client::Options::busy_poll: each client's target polls without sleeping during a command.
   bool busy_poll = false;
 };

@@ -56,6 +56,11 @@ void add_redis_command(CLI::App& app, int* status) {
                       "the module's inline-max and the clients' threshold: values up to it "
                       "travel in the command or reply (0: every value over the fabric; default: "
                       "the module's, " + std::to_string(kDefaultInlineMax) + ")");
+  command->add_option("--module-argument", arguments->options.module_arguments,
+                      "a module load argument for the server it starts, as NAME VALUE (say "
+                      "worker-checksum-max 0; repeatable; README.md, Configuration)")
+      ->expected(2)
+      ->take_all();
   command->add_flag("--busy-poll", arguments->options.busy_poll,
                     "clients' targets poll without sleeping while a DMA command runs (a core "
                     "per waiting client; see Client::Options::busy_poll)");
@@ -68,6 +73,17 @@ void add_redis_command(CLI::App& app, int* status) {
     Arguments& a = *arguments;
     if (!a.options.host.empty() && a.options.port == 0) {
       std::cerr << "dma-bench redis: --host needs --port\n";
+      *status = 2;
+      return;
+    }
+    if (a.options.module_arguments.size() % 2 != 0) {
+      std::cerr << "dma-bench redis: --module-argument takes a NAME and a VALUE\n";
+      *status = 2;
+      return;
+    }
+    if (!a.options.host.empty() && !a.options.module_arguments.empty()) {
+      std::cerr << "dma-bench redis: --module-argument configures the server it starts, not "
+                   "one at --host\n";
       *status = 2;
       return;
     }

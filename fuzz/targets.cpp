@@ -262,6 +262,7 @@ std::string to_toml(const Configuration& configuration) {
          (configuration.always_register_operands ? "true" : "false") + "\n";
   out += "max_piece_bytes = " + std::to_string(configuration.max_piece_bytes) + "\n";
   out += "worker_idle_poll_us = " + std::to_string(configuration.worker_idle_poll.count()) + "\n";
+  out += "worker_checksum_max = " + std::to_string(configuration.worker_checksum_max) + "\n";
   return out;
 }
 
@@ -273,7 +274,8 @@ bool same(const Configuration& left, const Configuration& right) {
          left.crc_threads == right.crc_threads &&
          left.always_register_operands == right.always_register_operands &&
          left.max_piece_bytes == right.max_piece_bytes &&
-         left.worker_idle_poll == right.worker_idle_poll;
+         left.worker_idle_poll == right.worker_idle_poll &&
+         left.worker_checksum_max == right.worker_checksum_max;
 }
 
 // --- module arguments -------------------------------------------------------------------------
@@ -325,6 +327,7 @@ Violation check_module_options(const std::vector<std::string>& arguments) {
     if (name == "services-per-domain") got = options->services_per_domain;
     if (name == "max-in-flight") got = configuration.max_in_flight;
     if (name == "max-piece-bytes") got = configuration.max_piece_bytes;
+    if (name == "worker-checksum-max") got = configuration.worker_checksum_max;
     if (name == "worker-idle-poll-us") {
       got = static_cast<std::uint64_t>(configuration.worker_idle_poll.count());
     }

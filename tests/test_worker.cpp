@@ -596,6 +596,7 @@ TEST(SteppedWorker, a_partial_checksum_batch_goes_to_the_pool_before_the_worker_
   Configuration configuration = loopback("shm");
   configuration.completion_deadline = std::chrono::milliseconds(100);
   configuration.worker_idle_poll = std::chrono::microseconds(0);  // the pass parks at once
+  configuration.worker_checksum_max = 0;  // the idle worker would checksum it itself (next test)
   Stepped stepped(configuration,
                   std::chrono::duration_cast<std::chrono::milliseconds>(testing::kDeadline),
                   [](std::span<Completion> batch) {
@@ -636,6 +637,67 @@ TEST(SteppedWorker, a_partial_checksum_batch_goes_to_the_pool_before_the_worker_
   ASSERT_TRUE(finished[0].outcome) << finished[0].outcome.error().describe();
   EXPECT_EQ(crc32c(pattern(4096, 40)), finished[0].outcome->checksum.value());
   EXPECT_EQ(pattern(4096, 40), testing::buffer_of(finished[0].context)->bytes);
+}
+
+TEST(SteppedWorker, a_lone_small_checksum_is_computed_on_the_idle_worker_and_others_on_the_pool) {
+  // If this fails, either every checksum waits for a pool thread to wake (the hand-off took
+  // longer than a 1 MiB checksum on the project's VM), or the worker computes checksums it
+  // should hand off: one larger than worker_checksum_max, or one while another transfer waits
+  // for it.
+  Peer peer(loopback("shm"), 8192, 41);
+  const auto read_of = [&](std::uint64_t client, std::size_t offset, std::size_t length) {
+    TransferRequest read;
+    read.client_id = client;
+    read.peer_address = testing::address_of(peer.target->local_address());
+    read.regions.push_back(peer.exposed->region(offset, length));
+    read.direction = Direction::kFromPeer;
+    read.length = length;
+    read.want_checksum = true;
+    read.context = std::make_unique<Buffer>(std::vector<std::byte>{}, client);
+    return read;
+  };
+  const auto checksum_of = [&](std::size_t offset, std::size_t length) {
+    return crc32c(std::span<const std::byte>(peer.memory.data() + offset, length));
+  };
+  Configuration configuration = loopback("shm");
+  configuration.worker_checksum_max = 4096;
+  configuration.max_in_flight = 1;  // a second transfer waits in the queue behind the first
+  Stepped stepped(configuration);
+  ASSERT_TRUE(stepped);
+  const auto step_until_delivered = [&](std::size_t count) {
+    EXPECT_TRUE(stepped.step_until([&] { return stepped.collector.count() >= count; }));
+    return stepped.collector.wait_for(count, std::chrono::milliseconds(0));
+  };
+
+  // Alone, and within the bound: the pass that reaps it delivers it, checksummed, itself.
+  stepped.submit(read_of(1, 0, 4096));
+  auto alone = step_until_delivered(1);
+  ASSERT_EQ(1u, alone.size());
+  ASSERT_TRUE(alone[0].outcome) << alone[0].outcome.error().describe();
+  EXPECT_EQ(checksum_of(0, 4096), alone[0].outcome->checksum.value());
+  EXPECT_EQ(1u, stepped.worker().checksums_here());
+
+  // One byte over the bound: the pool.
+  stepped.submit(read_of(1, 0, 4097));
+  auto larger = step_until_delivered(1);
+  ASSERT_EQ(1u, larger.size());
+  ASSERT_TRUE(larger[0].outcome) << larger[0].outcome.error().describe();
+  EXPECT_EQ(checksum_of(0, 4097), larger[0].outcome->checksum.value());
+  EXPECT_EQ(1u, stepped.worker().checksums_here()) << "a checksum over the bound ran on the worker";
+
+  // Two, the second queued behind the first (one in flight at a time): the first ends while the
+  // second waits for the worker, so the pool takes it; the second ends alone.
+  stepped.submit(read_of(1, 0, 2048));
+  stepped.submit(read_of(2, 2048, 2048));
+  auto pair = step_until_delivered(2);
+  ASSERT_EQ(2u, pair.size());
+  for (const auto& finished : pair) {
+    ASSERT_TRUE(finished.outcome) << finished.outcome.error().describe();
+    const std::size_t offset = testing::buffer_of(finished.context)->tag == 1 ? 0 : 2048;
+    EXPECT_EQ(checksum_of(offset, 2048), finished.outcome->checksum.value());
+  }
+  EXPECT_EQ(2u, stepped.worker().checksums_here())
+      << "the first of two was checksummed on the worker while the second waited for it";
 }
 
 }  // namespace

@@ -68,6 +68,12 @@ struct DMA_EXPORT Configuration {
   // costs up to this much CPU after each burst of work; an idle service still sleeps. 0: sleep
   // at once.
   std::chrono::microseconds worker_idle_poll{300};
+  // Largest transfer whose CRC32C a fabric worker with nothing else to do (nothing queued, in
+  // flight or on its channel) computes itself instead of handing it to the CRC pool: the hand-off
+  // wakes a pool thread and costs more than the checksum (1 MiB DMA.SETs over shm ran 15 % more
+  // per second; docs/PERFORMANCE.md, "Speed, eighth pass"). Larger ones always go to the pool, so
+  // a worker is never held from its next transfer for long. 0: always the pool.
+  std::size_t worker_checksum_max = std::size_t{1} << 20;
 
   // Reads a TOML file whose keys are the fields above (durations in milliseconds, named
   // progress_deadline_ms, completion_deadline_ms, stuck_deadline_ms and shutdown_deadline_ms). Unknown keys, wrong types, values out of

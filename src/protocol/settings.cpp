@@ -25,7 +25,7 @@ std::vector<std::string> strings_of(Value&& value) {
 }
 std::uint64_t number_of(const Value& value) { return std::get<std::uint64_t>(value); }
 
-const std::array<Setting<Configuration>, 12> kConfigurationSettings{{
+const std::array<Setting<Configuration>, 13> kConfigurationSettings{{
     {"providers", "providers", Kind::kStringList, 0, 0,
      [](Configuration& c, Value&& v) { c.providers = strings_of(std::move(v)); },
      [](const Configuration& c) { return toml_array(c.providers); },
@@ -95,6 +95,11 @@ const std::array<Setting<Configuration>, 12> kConfigurationSettings{{
      [](const Configuration& c) { return std::to_string(c.worker_idle_poll.count()); },
      "microseconds a fabric worker out of work keeps polling (yielding its core) before it "
      "sleeps: a transfer submitted meanwhile is posted without a wake-up; 0: sleep at once"},
+    {"worker_checksum_max", "worker-checksum-max", Kind::kInteger, 0, kUnbounded,
+     [](Configuration& c, Value&& v) { c.worker_checksum_max = number_of(v); },
+     [](const Configuration& c) { return std::to_string(c.worker_checksum_max); },
+     "largest transfer a fabric worker with nothing else to do checksums itself rather than "
+     "hand to the CRC pool (a hand-off wakes a thread); 0: always the pool"},
 }};
 
 const std::array<Setting<ModuleOptions>, 6> kModuleSettings{{

@@ -72,6 +72,8 @@ class Channel {
   void close();
   void wake();
   bool closed() const;
+  // Whether anything is queued (lock-free; a hint: a push may land right after).
+  bool has_pending() const noexcept { return pending_.load(std::memory_order_acquire); }
   // How many times take() has blocked: a test's proof that an idle worker parks rather than
   // polls (counted on the blocking path only).
   std::size_t parks() const noexcept { return parks_.load(std::memory_order_relaxed); }

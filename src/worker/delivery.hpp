@@ -3,7 +3,9 @@
 // A completer called once per transfer would cost a call (and usually a lock) per op; one call
 // per batch is the contract (service.hpp). Transfers that asked for a checksum must not have it
 // computed on the worker (CRC32C of a 16 MiB value would stall every other transfer), so they go
-// to the pool in batches of kChecksumBatch. The flush policy prevents the opposite failure: a
+// to the pool in batches of kChecksumBatch; the one exception, a lone small transfer while the
+// worker has nothing else to do, the worker decides and checksums before it gets here
+// (worker.hpp, step 5). The flush policy prevents the opposite failure: a
 // partial batch left behind waits for unrelated traffic, so it goes as soon as the completion
 // queue runs dry and always before the worker parks (a parked worker waits for an unrelated
 // message). outstanding() drops before the completer runs, so a caller woken by its completion

@@ -1,7 +1,10 @@
 #include "worker/worker.hpp"
 
 #include <algorithm>
+#include <span>
 #include <thread>
+
+#include "dma/protocol.hpp"
 
 #include "worker/prepare.hpp"
 
@@ -43,6 +46,7 @@ Worker::Worker(std::unique_ptr<Endpoint> endpoint, const Configuration& configur
       shared_(std::move(shared)),
       held_poll_interval_(options.held_poll_interval),
       idle_poll_(configuration.worker_idle_poll),
+      checksum_max_(configuration.worker_checksum_max),
       poster_(*endpoint_, cap_of(*endpoint_), max_piece_of(*endpoint_, configuration),
               configuration.progress_deadline, options.clock, shared_->counters, shared_->gate),
       reaper_(*endpoint_, shared_->counters, shared_->gate),
@@ -273,7 +277,11 @@ void Worker::finish(Op* op, Outcome outcome) {
   }
   op->operand = LocalOperand{};  // the lease goes now that the provider is done with it
   op->peer_entry.reset();
-  if (outcome && op->request.want_checksum) {
+  if (outcome && op->request.want_checksum && checksum_here(*op)) {
+    outcome->checksum = crc32c(std::span<const std::byte>(op->local, op->length));
+    ++checksums_here_;
+    delivery_.add(Completion{std::move(op->request.context), std::move(outcome)});
+  } else if (outcome && op->request.want_checksum) {
     delivery_.add_checksummed(Completion{std::move(op->request.context), std::move(outcome)},
                               op->local, op->length);
   } else {
@@ -282,6 +290,13 @@ void Worker::finish(Op* op, Outcome outcome) {
   op->request.regions.clear();
   table_.release_op(op);
   if (clients_.closed(client_id)) peers_->release(client_id);
+}
+
+bool Worker::checksum_here(const Op& op) const noexcept {
+  // Only a lone completion (a batch of them goes to the pool, which works beside the worker),
+  // with nothing else for the worker to do: nothing queued or live, nothing on the channel.
+  return op.length <= checksum_max_ && ended_.size() <= 1 && table_.pending.empty() &&
+         table_.live_in_flight() == 0 && !shared_->channel.has_pending();
 }
 
 void Worker::release_held() {

@@ -9,7 +9,9 @@
 //   3. reaps the completion queue in batches (reaper.hpp);
 //   4. fails, as timed out, posted transfers past the completion deadline (expiry.hpp);
 //   5. hands completions to the batch completer, checksummed ones via the CRC pool
-//      (delivery.hpp), a partial batch flushed when the queue runs dry or before parking;
+//      (delivery.hpp), a partial batch flushed when the queue runs dry or before parking; a
+//      lone one of at most Configuration::worker_checksum_max bytes, with nothing else to do,
+//      it checksums itself (waking a pool thread cost more than the checksum);
 //   4a. tells the service when that check finds the endpoint wedged (expiry.hpp): the service
 //       opens a new one and this worker only drains (service.hpp, "Endpoint replacement");
 //   6. parks on the channel when nothing is queued or live in flight, once it has polled on
@@ -97,6 +99,8 @@ class Worker {
     return op == nullptr ? nullptr : op->request.context.get();
   }
   std::size_t checksums_batched() const noexcept { return delivery_.checksums_batched(); }
+  // Checksums the worker computed itself (step 5; diagnostics, tests).
+  std::uint64_t checksums_here() const noexcept { return checksums_here_; }
   const PeerAddresses& peers() const noexcept { return *peers_; }
   const ClientCounts& clients() const noexcept { return clients_; }
   // Nothing queued and nothing live in flight: step(true) would park, for park_timeout() (zero:
@@ -147,6 +151,8 @@ class Worker {
   // The transfers the poster and reaper found over.
   void finish_ended();
   void finish(Op* op, Outcome outcome);
+  // Whether `op`'s checksum is computed here rather than on the pool (step 5).
+  bool checksum_here(const Op& op) const noexcept;
   // Retires the endpoint: every transfer taken in and not finished fails now with "endpoint
   // replaced: <reason>" (held like an expired one where the provider still has it), and later
   // ones fail at intake. `tell_service`: the worker found the endpoint unusable itself, so the
@@ -164,6 +170,8 @@ class Worker {
   bool yield_in_spin_ = false;  // shm: the peer's process copies, perhaps queued on our core
   std::chrono::milliseconds held_poll_interval_;
   std::chrono::microseconds idle_poll_;  // Configuration::worker_idle_poll
+  std::size_t checksum_max_;             // Configuration::worker_checksum_max
+  std::uint64_t checksums_here_ = 0;
   Poster poster_;
   Reaper reaper_;
   Expiry expiry_;
