@@ -9,6 +9,7 @@
 // test_deadlines.cpp relies on it too, and both fail rather than skip if shm ever completes it),
 // and 127.0.0.1:1, where nothing listens, so tcp answers every post -FI_EAGAIN.
 #include <gtest/gtest.h>
+#include <sys/mman.h>
 
 #include <chrono>
 #include <cstring>
@@ -698,6 +699,116 @@ TEST(SteppedWorker, a_lone_small_checksum_is_computed_on_the_idle_worker_and_oth
   }
   EXPECT_EQ(2u, stepped.worker().checksums_here())
       << "the first of two was checksummed on the worker while the second waited for it";
+}
+
+TEST(SteppedWorker, a_large_checksummed_read_is_checksummed_piece_by_piece_as_it_lands) {
+  // If this fails, a large DMA.SET's checksum waits for the whole value to land and then takes
+  // a pass over all of it (a fifth of a 16 MiB DMA.SET over shm), or the pieces' checksums are
+  // joined wrong and every large value is refused as corrupt.
+  const std::size_t length = 3 * internal::kStreamPiece + 4096 + 5;  // 4 pieces, the last short
+  Peer peer(loopback("shm"), length, 42);
+  Configuration configuration = loopback("shm");
+  Stepped stepped(configuration);
+  ASSERT_TRUE(stepped);
+  TransferRequest read;
+  read.client_id = 1;
+  read.peer_address = testing::address_of(peer.target->local_address());
+  read.regions.push_back(peer.exposed->whole());
+  read.direction = Direction::kFromPeer;
+  read.length = length;
+  read.want_checksum = true;
+  read.context = std::make_unique<Buffer>();
+  stepped.submit(std::move(read));
+  ASSERT_TRUE(stepped.step_until([&] { return stepped.collector.count() == 1; }));
+  auto finished = stepped.collector.wait_for(1, std::chrono::milliseconds(0));
+  ASSERT_EQ(1u, finished.size());
+  ASSERT_TRUE(finished[0].outcome) << finished[0].outcome.error().describe();
+  EXPECT_EQ(length, finished[0].outcome->bytes);
+  EXPECT_EQ(crc32c(peer.memory), finished[0].outcome->checksum.value());
+  EXPECT_EQ(peer.memory, testing::buffer_of(finished[0].context)->bytes);
+  EXPECT_EQ(4u, stepped.worker().pieces_streamed());
+  EXPECT_EQ(0u, stepped.worker().checksums_here());
+
+  // Two taken in together: the first streams (the worker had nothing else), the second, taken
+  // in behind it, is checksummed whole on the pool; both checksums right.
+  for (std::uint64_t client : {2, 3}) {
+    TransferRequest again;
+    again.client_id = client;
+    again.peer_address = testing::address_of(peer.target->local_address());
+    again.regions.push_back(peer.exposed->whole());
+    again.direction = Direction::kFromPeer;
+    again.length = length;
+    again.want_checksum = true;
+    again.context = std::make_unique<Buffer>();
+    stepped.submit(std::move(again));
+  }
+  ASSERT_TRUE(stepped.step_until([&] { return stepped.collector.count() == 2; }));
+  auto both = stepped.collector.wait_for(2, std::chrono::milliseconds(0));
+  ASSERT_EQ(2u, both.size());
+  for (const auto& each : both) {
+    ASSERT_TRUE(each.outcome) << each.outcome.error().describe();
+    EXPECT_EQ(crc32c(peer.memory), each.outcome->checksum.value());
+  }
+  EXPECT_EQ(8u, stepped.worker().pieces_streamed()) << "a transfer queued behind another streamed";
+
+  // The pieces: at least kStreamPiece, at most kMaxStreamPieces of them, none past max_piece.
+  EXPECT_EQ(0u, internal::stream_piece_for(internal::kStreamPiece, std::size_t{1} << 30));
+  EXPECT_EQ(internal::kStreamPiece,
+            internal::stream_piece_for(internal::kStreamPiece + 1, std::size_t{1} << 30));
+  EXPECT_EQ(std::size_t{8} << 20,
+            internal::stream_piece_for(std::size_t{512} << 20, std::size_t{1} << 30));
+  EXPECT_EQ(0u, internal::stream_piece_for(std::size_t{512} << 20, std::size_t{4} << 20))
+      << "128 pieces of max_piece: more than kMaxStreamPieces";
+}
+
+TEST(SteppedWorker, a_streamed_read_that_fails_part_way_is_answered_with_its_error) {
+  // If this fails, a large read whose second piece fails is answered as a success (with a
+  // checksum of what did land), or a stream whose transfer expires with a piece still in the
+  // provider's hands is never closed and its caller never answered.
+  // shm reports the failed piece (a read of unmapped memory, -EFAULT inside fi_read) as an
+  // error entry without its context, so the piece never comes back: the completion deadline
+  // fails the transfer, and the piece is held until the endpoint closes at shutdown.
+  const std::size_t piece = internal::kStreamPiece;
+  void* mapped = ::mmap(nullptr, 2 * piece, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
+                        -1, 0);
+  ASSERT_NE(MAP_FAILED, mapped);
+  auto* bytes = static_cast<std::byte*>(mapped);
+  std::memset(bytes, 0x5A, piece);
+  ASSERT_EQ(0, ::munmap(bytes + piece, piece));  // the second piece reads unmapped memory
+  {
+    auto opened = Target::open(loopback("shm"));
+    ASSERT_TRUE(opened) << opened.error().describe();
+    auto exposed = (*opened)->expose(bytes, 2 * piece);
+    ASSERT_TRUE(exposed) << exposed.error().describe();
+    Configuration configuration = loopback("shm");
+    configuration.completion_deadline = std::chrono::milliseconds(100);
+    Stepped stepped(configuration);
+    ASSERT_TRUE(stepped);
+    TransferRequest read;
+    read.client_id = 1;
+    read.peer_address = testing::address_of((*opened)->local_address());
+    read.regions.push_back(exposed->whole());
+    read.direction = Direction::kFromPeer;
+    read.length = 2 * piece;
+    read.want_checksum = true;
+    read.context = std::make_unique<ExpiringBuffer>();
+    stepped.submit(std::move(read));
+    ASSERT_TRUE(stepped.step_until([&] {
+      return stepped.worker().pieces_streamed() == 1 && stepped.worker().in_flight() == 1;
+    })) << "the first piece was not checksummed as it landed";
+    stepped.clock.advance(std::chrono::milliseconds(100));
+    stepped.worker().step(false);
+    ASSERT_EQ(1u, stepped.worker().held());
+    EXPECT_EQ(0u, stepped.collector.count()) << "answered while the provider still holds a piece";
+    stepped.shut_down();
+    auto finished = stepped.collector.wait_for(1, std::chrono::milliseconds(0));
+    ASSERT_EQ(1u, finished.size());
+    ASSERT_FALSE(finished[0].outcome) << "a read of unmapped memory succeeded";
+    EXPECT_EQ(ErrorCode::kTimedOut, finished[0].outcome.error().code())
+        << finished[0].outcome.error().describe();
+    EXPECT_TRUE(static_cast<ExpiringBuffer*>(finished[0].context.get())->expiry.has_value());
+  }
+  ::munmap(bytes, piece);
 }
 
 }  // namespace

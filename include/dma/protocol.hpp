@@ -74,6 +74,10 @@ DMA_EXPORT Result<Advertisement> parse_advertisement(std::string_view address_he
 // `crc32c_extend(crc32c(a), b) == crc32c(a ++ b)`.
 DMA_EXPORT std::uint32_t crc32c(std::span<const std::byte> bytes) noexcept;
 DMA_EXPORT std::uint32_t crc32c_extend(std::uint32_t crc, std::span<const std::byte> bytes) noexcept;
+// The checksum of `a ++ b` from `crc32c(a)`, `crc32c(b)` and b's length, without the bytes: so
+// pieces of one buffer can be checksummed apart (on several threads, as they arrive) and joined.
+DMA_EXPORT std::uint32_t crc32c_combine(std::uint32_t crc_a, std::uint32_t crc_b,
+                                        std::uint64_t length_b) noexcept;
 inline std::uint32_t crc32c(std::string_view text) noexcept {
   return crc32c(std::as_bytes(std::span<const char>(text.data(), text.size())));
 }

@@ -2,6 +2,7 @@
 
 #include <isa-l/crc.h>
 
+#include <array>
 #include <charconv>
 #include <climits>
 #include <system_error>
@@ -191,5 +192,42 @@ std::uint32_t crc32c_extend(std::uint32_t crc, std::span<const std::byte> bytes)
 }
 
 std::uint32_t crc32c(std::span<const std::byte> bytes) noexcept { return crc32c_extend(0, bytes); }
+
+namespace {
+// Polynomials modulo the Castagnoli polynomial, in the CRC's own reflected order: bit 31 is the
+// coefficient of x^0, bit 0 that of x^31.
+constexpr std::uint32_t kCastagnoliReflected = 0x82F63B78u;
+constexpr std::uint32_t kOne = 0x80000000u;  // x^0
+
+constexpr std::uint32_t multiply_mod(std::uint32_t a, std::uint32_t b) noexcept {
+  std::uint32_t product = 0;
+  for (std::uint32_t term = kOne; term != 0; term >>= 1) {  // a's x^0, x^1, ... x^31
+    if ((a & term) != 0) product ^= b;
+    b = (b & 1u) != 0 ? (b >> 1) ^ kCastagnoliReflected : b >> 1;  // b * x
+  }
+  return product;
+}
+
+// x^(2^k) mod P for k = 0..66: enough for x^(8n) with any 64-bit n.
+constexpr std::array<std::uint32_t, 67> kPowersOfX = [] {
+  std::array<std::uint32_t, 67> powers{};
+  powers[0] = kOne >> 1;  // x^1
+  for (std::size_t k = 1; k < powers.size(); ++k) {
+    powers[k] = multiply_mod(powers[k - 1], powers[k - 1]);
+  }
+  return powers;
+}();
+}  // namespace
+
+std::uint32_t crc32c_combine(std::uint32_t crc_a, std::uint32_t crc_b,
+                             std::uint64_t length_b) noexcept {
+  // Appending n bytes to a multiplies a's remainder by x^(8n); the pre- and post-inversion
+  // cancel out the same way they do for zlib's crc32_combine.
+  std::uint32_t shift = kOne;
+  for (std::size_t k = 3; length_b != 0; length_b >>= 1, ++k) {
+    if ((length_b & 1u) != 0) shift = multiply_mod(shift, kPowersOfX[k]);
+  }
+  return multiply_mod(shift, crc_a) ^ crc_b;
+}
 
 }  // namespace dma

@@ -1,5 +1,6 @@
 #include "worker/delivery.hpp"
 
+#include <algorithm>
 #include <memory>
 #include <span>
 
@@ -39,6 +40,14 @@ void forget(std::vector<Completion>& batch) {
   batch.clear();
 }
 }  // namespace
+
+std::size_t stream_piece_for(std::size_t length, std::size_t max_piece) noexcept {
+  // At least kStreamPiece, and large enough that kMaxStreamPieces cover the transfer.
+  std::size_t piece = std::max(kStreamPiece, (length + kMaxStreamPieces - 1) / kMaxStreamPieces);
+  piece = std::min(piece, max_piece);
+  if (piece == 0 || length <= piece) return 0;
+  return (length + piece - 1) / piece <= kMaxStreamPieces ? piece : 0;
+}
 
 Delivery::Delivery(ServiceShared& shared) : shared_(shared) {
   batch_.reserve(64);
@@ -82,6 +91,91 @@ void Delivery::dispatch_checksums() {
   // The job's empty vector (with its capacity) becomes the next batch.
   job->items.swap(checksum_batch_);
   shared_.pool->post([job] { run_checksums(job); });
+}
+
+ChecksumStream* Delivery::open_stream(const std::byte* data, std::size_t length,
+                                      std::size_t piece) {
+  ChecksumStream* stream = nullptr;
+  {
+    std::lock_guard lock(shared_.jobs_mutex);
+    if (!free_streams_.empty()) {
+      stream = free_streams_.back();
+      free_streams_.pop_back();
+    }
+  }
+  if (stream == nullptr) {
+    // Only while more large transfers are in flight than ever before; streams_ is the worker's.
+    streams_.push_back(std::make_unique<ChecksumStream>());
+    stream = streams_.back().get();
+    stream->owner = this;
+    stream->done.reserve(1);
+    std::lock_guard lock(shared_.jobs_mutex);
+    free_streams_.reserve(streams_.size());
+  }
+  stream->data = data;
+  stream->length = length;
+  stream->piece = piece;
+  stream->tokens.store(1, std::memory_order_relaxed);  // the worker's
+  return stream;
+}
+
+void Delivery::checksum_piece(const LandedPiece& piece) {
+  // The job's token is taken here, on the worker, before the worker can close the stream.
+  piece.stream->tokens.fetch_add(1, std::memory_order_relaxed);
+  {
+    std::lock_guard lock(shared_.jobs_mutex);
+    ++shared_.jobs;
+  }
+  shared_.pool->post([stream = piece.stream, offset = piece.offset, size = piece.size] {
+    run_piece(stream, offset, size);
+  });
+}
+
+void Delivery::close_stream(ChecksumStream* stream, Completion completion) {
+  stream->done.push_back(std::move(completion));
+  if (stream->tokens.fetch_sub(1, std::memory_order_acq_rel) != 1) return;  // a job finishes it
+  join(*stream);
+  batch_.push_back(std::move(stream->done.front()));
+  stream->done.clear();
+  std::lock_guard lock(shared_.jobs_mutex);
+  free_streams_.push_back(stream);
+}
+
+void Delivery::join(ChecksumStream& stream) {
+  Completion& completion = stream.done.front();
+  if (!completion.outcome) return;
+  const std::size_t pieces = (stream.length + stream.piece - 1) / stream.piece;
+  std::uint32_t crc = stream.crcs[0];
+  for (std::size_t index = 1; index < pieces; ++index) {
+    const std::size_t size = std::min(stream.piece, stream.length - index * stream.piece);
+    crc = crc32c_combine(crc, stream.crcs[index], size);
+  }
+  completion.outcome->checksum = crc;
+}
+
+void Delivery::run_piece(ChecksumStream* stream, std::size_t offset, std::size_t size) {
+  // Raw, not owning, as run_checksums (the header).
+  Delivery* owner = stream->owner;
+  ServiceShared* shared = &owner->shared_;
+  stream->crcs[offset / stream->piece] =
+      crc32c(std::span<const std::byte>(stream->data + offset, size));
+  owner->pieces_streamed_.fetch_add(1, std::memory_order_relaxed);
+  const bool last = stream->tokens.fetch_sub(1, std::memory_order_acq_rel) == 1;
+  if (last) {
+    // The worker has finished the transfer: its completion goes from here.
+    join(*stream);
+    shared->outstanding.fetch_sub(1, std::memory_order_acq_rel);
+    if (shared->orphaned.load(std::memory_order_acquire)) {
+      forget(stream->done);
+    } else {
+      deliver(stream->done, shared->complete_batch);  // clears `done`
+    }
+  }
+  // As in run_checksums: nothing may touch `shared` or the stream once the lock is released.
+  std::lock_guard lock(shared->jobs_mutex);
+  if (last) owner->free_streams_.push_back(stream);
+  --shared->jobs;
+  shared->jobs_done.notify_all();
 }
 
 void Delivery::run_checksums(ChecksumJob* job) {

@@ -11,6 +11,15 @@
 // message). outstanding() drops before the completer runs, so a caller woken by its completion
 // never sees its own transfer still counted.
 //
+// A large checksummed transfer is checksummed as it lands instead (a ChecksumStream): the worker
+// posts it in pieces (poster.hpp), each landed piece's CRC32C runs on the pool at once, and the
+// pieces' checksums are joined (crc32c_combine) by whichever finishes last, the worker's finish
+// or the last piece's job. The checksum then costs the transfer only its last piece's, not a
+// pass over the whole value after the copy (a 16 MiB DMA.SET over shm: ~0.9 of 4.4 ms;
+// docs/PERFORMANCE.md, "Speed, eighth pass"). A stream counts its owners (`tokens`: the worker
+// until it finishes the transfer, and each piece's job), and its completion is delivered only
+// when the last one lets go, so no job reads a landing its caller already has back.
+//
 // No allocation per transfer: a checksum batch travels to the pool in a ChecksumJob that comes
 // back to a free list when the job is done (its vectors keep their capacity), and the job
 // posted is one pointer, which std::function stores without allocating.
@@ -22,16 +31,39 @@
 // pool would join its own thread. Thread-safety: the worker thread only; jobs run on the pool.
 #pragma once
 
+#include <array>
+#include <atomic>
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <vector>
 
 #include "dma/service.hpp"
+#include "worker/op_table.hpp"
 #include "worker/service_shared.hpp"
 
 namespace dma::internal {
 
 inline constexpr std::size_t kChecksumBatch = 32;
+// Streams: the least piece, and the most pieces (a longer transfer gets larger pieces).
+inline constexpr std::size_t kStreamPiece = std::size_t{1} << 20;
+inline constexpr std::size_t kMaxStreamPieces = 64;
+// The piece size a checksummed transfer of `length` bytes into one region is streamed in, with
+// pieces of at most `max_piece` posted; 0 if it is not streamed (it fits one piece, or the
+// pieces it would need are more than kMaxStreamPieces).
+std::size_t stream_piece_for(std::size_t length, std::size_t max_piece) noexcept;
+
+class Delivery;
+struct ChecksumStream {
+  Delivery* owner = nullptr;
+  const std::byte* data = nullptr;
+  std::size_t length = 0;
+  std::size_t piece = 0;
+  // The worker's (until it finishes the transfer) plus one per piece job not yet done.
+  std::atomic<std::uint32_t> tokens{0};
+  std::array<std::uint32_t, kMaxStreamPieces> crcs{};
+  std::vector<Completion> done;  // the transfer's completion, once the worker has finished it
+};
 // Whether a checksum batch of `batched` should go now: full, the queue ran dry, or parking.
 bool checksum_flush_due(std::size_t batched, bool queue_dry, bool parking) noexcept;
 
@@ -50,6 +82,19 @@ class Delivery {
 
   std::size_t checksums_batched() const noexcept { return checksum_batch_.size(); }
 
+  // A stream for a transfer of `length` bytes landing at `data`, in pieces of `piece`
+  // (stream_piece_for). The worker holds it until close_stream().
+  ChecksumStream* open_stream(const std::byte* data, std::size_t length, std::size_t piece);
+  // Starts the checksum of a piece that landed, on the pool.
+  void checksum_piece(const LandedPiece& piece);
+  // The worker is done with the transfer: `completion` goes to its caller (with the joined
+  // checksum, if it succeeded) once every piece's job has finished; now, if they all have.
+  void close_stream(ChecksumStream* stream, Completion completion);
+  // Pieces checksummed as they landed (tests, diagnostics; a pool thread adds to it).
+  std::uint64_t pieces_streamed() const noexcept {
+    return pieces_streamed_.load(std::memory_order_relaxed);
+  }
+
  private:
   struct ChecksumItem {
     Completion completion;
@@ -64,6 +109,9 @@ class Delivery {
   void deliver_now();
   void dispatch_checksums();
   static void run_checksums(ChecksumJob* job);
+  static void run_piece(ChecksumStream* stream, std::size_t offset, std::size_t size);
+  // Joins the pieces' checksums into the completion's (when it succeeded).
+  static void join(ChecksumStream& stream);
 
   ServiceShared& shared_;
   std::vector<Completion> batch_;
@@ -71,6 +119,10 @@ class Delivery {
   // Every job ever made, and the idle ones; free_jobs_ is guarded by shared_.jobs_mutex.
   std::vector<std::unique_ptr<ChecksumJob>> jobs_;
   std::vector<ChecksumJob*> free_jobs_;
+  // Every stream ever made, and the idle ones; free_streams_ is guarded by shared_.jobs_mutex.
+  std::vector<std::unique_ptr<ChecksumStream>> streams_;
+  std::vector<ChecksumStream*> free_streams_;
+  std::atomic<std::uint64_t> pieces_streamed_{0};
 };
 
 }  // namespace dma::internal

@@ -18,6 +18,8 @@ Op* OpTable::acquire_op() {
   op->length = 0;
   op->operand = LocalOperand{};
   op->region = op->region_offset = op->local_offset = op->in_flight = 0;
+  op->stream = nullptr;
+  op->stream_piece = 0;
   op->posting_done = op->queued = op->eagain = op->expired = op->owner_asked = false;
   op->next_pending = nullptr;
   op->error.reset();
@@ -35,6 +37,7 @@ Piece* OpTable::acquire_piece(Op* op) {
   }
   std::memset(&piece->context, 0, sizeof(piece->context));
   piece->op = op;
+  piece->offset = piece->size = 0;
   return piece;
 }
 

@@ -30,9 +30,19 @@
 namespace dma::internal {
 
 struct Op;
+struct ChecksumStream;  // delivery.hpp
 struct Piece {
   fi_context2 context;  // first member: the CQ entry's op_context is this Piece
   Op* op;               // the transfer it belongs to while posted; nullptr while free
+  std::size_t offset;   // where in the op's local operand it starts, and its bytes
+  std::size_t size;
+};
+
+// A piece of a streamed transfer (Op::stream) that landed: its checksum can start.
+struct LandedPiece {
+  ChecksumStream* stream;
+  std::size_t offset;
+  std::size_t size;
 };
 
 struct Op {
@@ -49,6 +59,10 @@ struct Op {
   std::size_t region_offset = 0;  // and how far into it
   std::size_t local_offset = 0;   // bytes of the local operand posted so far
   std::size_t in_flight = 0;      // pieces posted and not yet reaped
+  // A checksummed transfer checksummed piece by piece as its pieces land (delivery.hpp,
+  // ChecksumStream), posted in pieces of at most stream_piece bytes; nullptr and 0 otherwise.
+  ChecksumStream* stream = nullptr;
+  std::size_t stream_piece = 0;
   bool posting_done = false;
   bool queued = false;       // in the pending queue
   Op* next_pending = nullptr;  // the pending queue's link while queued

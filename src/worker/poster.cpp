@@ -25,12 +25,15 @@ void Poster::post(OpTable& table, bool closed, std::vector<Op*>& ended) {
     }
     if (!op->error && op->peer_entry) check_owner(*op, table.batches);
     bool stalled = false;
+    bool turn_over = false;  // a streamed transfer posts one piece per turn
     while (!op->error && !op->posting_done && table.live_in_flight() < cap_) {
       const RemoteRegion& region = op->request.regions[op->region];
-      const std::size_t size =
-          std::min({static_cast<std::size_t>(region.length - op->region_offset),
-                    op->length - op->local_offset, max_piece_});
+      std::size_t size = std::min({static_cast<std::size_t>(region.length - op->region_offset),
+                                   op->length - op->local_offset, max_piece_});
+      if (op->stream_piece != 0) size = std::min(size, op->stream_piece);
       Piece* piece = table.acquire_piece(op);
+      piece->offset = op->local_offset;
+      piece->size = size;
       // The call may never return (shm, a dead target's region lock): the watchdog may take the
       // table meanwhile (Gate), expiring this op too; a piece it posts after all is then held.
       gate_.enter();
@@ -69,6 +72,12 @@ void Poster::post(OpTable& table, bool closed, std::vector<Op*>& ended) {
           op->region_offset = 0;
         }
         op->posting_done = op->local_offset == op->length;
+        if (op->stream != nullptr && !op->posting_done) {
+          // The reap after this pass starts the piece's checksum while the next is copied
+          // (on shm the copy happens inside this very call).
+          turn_over = true;
+          break;
+        }
         continue;
       }
       table.release_piece(piece);
@@ -101,6 +110,10 @@ void Poster::post(OpTable& table, bool closed, std::vector<Op*>& ended) {
     }
     if (op->posting_done) continue;  // reaping ends it
     op->queued = true;
+    if (turn_over) {
+      pending.push_back(op);  // its next piece on its next turn; the others have theirs now
+      continue;
+    }
     if (stalled) {
       // EAGAIN: to the back, so other peers get their turn, and no more posting this pass. The
       // provider's queue is full (shm) or this peer is not ready (tcp connecting); either way

@@ -33,6 +33,10 @@
 // in the peer's command queue, which only its progress drains: every kReadsPerRing unrung reads
 // to a peer ring anyway, before the queue fills and posts are refused.
 //
+// A streamed transfer (Op::stream: checksummed as it lands, delivery.hpp) posts pieces of at
+// most Op::stream_piece bytes, one per turn, so that the reap after each starts that piece's
+// checksum on the pool while the next is on the wire (on shm, copied inside the next fi_read).
+//
 // Ownership: owned by the Worker; borrows the endpoint and counters. Thread-safety: the worker
 // thread only.
 #pragma once
@@ -86,6 +90,7 @@ class Poster {
   void ring_unfinished_reads();
 
   std::size_t cap() const noexcept { return cap_; }
+  std::size_t max_piece() const noexcept { return max_piece_; }
   // Rings of an shm peer's doorbell made and left to after the reap (tests).
   std::uint64_t rings() const noexcept { return rings_; }
   std::uint64_t rings_deferred() const noexcept { return rings_deferred_; }

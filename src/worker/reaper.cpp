@@ -7,7 +7,8 @@
 
 namespace dma::internal {
 
-std::size_t Reaper::reap(OpTable& table, std::vector<Op*>& ended) {
+std::size_t Reaper::reap(OpTable& table, std::vector<Op*>& ended,
+                         std::vector<LandedPiece>& landed) {
   if (table.in_flight == 0) return 0;
   std::array<fi_cq_entry, 64> entries;
   std::size_t total = 0;
@@ -54,6 +55,9 @@ std::size_t Reaper::reap(OpTable& table, std::vector<Op*>& ended) {
     for (ssize_t index = 0; index < count; ++index) {
       auto* piece = static_cast<Piece*>(entries[index].op_context);
       if (piece == nullptr || piece->op == nullptr) continue;  // not one of ours (see above)
+      if (const Op* op = piece->op; op->stream != nullptr && !op->error) {
+        landed.push_back(LandedPiece{op->stream, piece->offset, piece->size});
+      }
       done(piece);
     }
     total += static_cast<std::size_t>(count);

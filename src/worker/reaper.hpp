@@ -25,8 +25,9 @@ class Reaper {
       : endpoint_(endpoint), counters_(counters), gate_(gate) {}
 
   // Reads the queue until it is empty or nothing is in flight. Transfers whose last piece came
-  // back are appended to `ended` for the caller to finish. Returns the entries read.
-  std::size_t reap(OpTable& table, std::vector<Op*>& ended);
+  // back are appended to `ended` for the caller to finish, and pieces of streamed transfers
+  // (Op::stream) that landed intact to `landed`. Returns the entries read.
+  std::size_t reap(OpTable& table, std::vector<Op*>& ended, std::vector<LandedPiece>& landed);
 
  private:
   const Endpoint& endpoint_;

@@ -62,6 +62,7 @@ Worker::Worker(std::unique_ptr<Endpoint> endpoint, const Configuration& configur
       endpoint_->info()->addr_format);
   inbox_.reserve(64);
   ended_.reserve(64);
+  landed_.reserve(64);
 }
 
 Worker::~Worker() {
@@ -237,6 +238,12 @@ void Worker::accept(TransferRequest&& request) {
     finish(op, TransferDone{0, std::nullopt});
     return;
   }
+  if (op->request.want_checksum && stream_due(*op)) {
+    op->stream_piece = stream_piece_for(op->length, poster_.max_piece());
+    if (op->stream_piece != 0) {
+      op->stream = delivery_.open_stream(op->local, op->length, op->stream_piece);
+    }
+  }
   op->queued = true;
   table_.pending.push_back(op);
 }
@@ -247,7 +254,9 @@ void Worker::post() {
 }
 
 bool Worker::reap() {
-  const std::size_t reaped = reaper_.reap(table_, ended_);
+  const std::size_t reaped = reaper_.reap(table_, ended_, landed_);
+  for (const LandedPiece& piece : landed_) delivery_.checksum_piece(piece);
+  landed_.clear();
   poster_.ring_unfinished_reads();
   finish_ended();
   return reaped == 0 || table_.in_flight == 0;
@@ -277,7 +286,10 @@ void Worker::finish(Op* op, Outcome outcome) {
   }
   op->operand = LocalOperand{};  // the lease goes now that the provider is done with it
   op->peer_entry.reset();
-  if (outcome && op->request.want_checksum && checksum_here(*op)) {
+  if (op->stream != nullptr) {
+    delivery_.close_stream(op->stream, Completion{std::move(op->request.context), std::move(outcome)});
+    op->stream = nullptr;
+  } else if (outcome && op->request.want_checksum && checksum_here(*op)) {
     outcome->checksum = crc32c(std::span<const std::byte>(op->local, op->length));
     ++checksums_here_;
     delivery_.add(Completion{std::move(op->request.context), std::move(outcome)});
@@ -290,6 +302,16 @@ void Worker::finish(Op* op, Outcome outcome) {
   op->request.regions.clear();
   table_.release_op(op);
   if (clients_.closed(client_id)) peers_->release(client_id);
+}
+
+bool Worker::stream_due(const Op& op) const noexcept {
+  // Larger than the worker checksums itself, into one region (a piece is then a slice of the
+  // landing), and only while nothing else is queued or live: streaming spreads one transfer's
+  // checksum over a core that is otherwise idle; with the cores busy with other transfers it
+  // costs a pool hand-off per piece and gains nothing (16 MiB DMA.SETs over shm at 4 clients
+  // ran 13 % slower streamed always; docs/PERFORMANCE.md, "Speed, eighth pass").
+  return op.length > checksum_max_ && op.request.regions.size() == 1 && table_.pending.empty() &&
+         table_.live_in_flight() == 0;
 }
 
 bool Worker::checksum_here(const Op& op) const noexcept {

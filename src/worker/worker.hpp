@@ -11,7 +11,10 @@
 //   5. hands completions to the batch completer, checksummed ones via the CRC pool
 //      (delivery.hpp), a partial batch flushed when the queue runs dry or before parking; a
 //      lone one of at most Configuration::worker_checksum_max bytes, with nothing else to do,
-//      it checksums itself (waking a pool thread cost more than the checksum);
+//      it checksums itself (waking a pool thread cost more than the checksum); a larger one,
+//      into one region, taken in while nothing else is queued or live, is posted in pieces and
+//      checksummed piece by piece on the pool as they land (a ChecksumStream, delivery.hpp),
+//      its completion delivered once the last piece's checksum is done;
 //   4a. tells the service when that check finds the endpoint wedged (expiry.hpp): the service
 //       opens a new one and this worker only drains (service.hpp, "Endpoint replacement");
 //   6. parks on the channel when nothing is queued or live in flight, once it has polled on
@@ -101,6 +104,8 @@ class Worker {
   std::size_t checksums_batched() const noexcept { return delivery_.checksums_batched(); }
   // Checksums the worker computed itself (step 5; diagnostics, tests).
   std::uint64_t checksums_here() const noexcept { return checksums_here_; }
+  // Pieces of large transfers checksummed as they landed (step 5; diagnostics, tests).
+  std::uint64_t pieces_streamed() const noexcept { return delivery_.pieces_streamed(); }
   const PeerAddresses& peers() const noexcept { return *peers_; }
   const ClientCounts& clients() const noexcept { return clients_; }
   // Nothing queued and nothing live in flight: step(true) would park, for park_timeout() (zero:
@@ -153,6 +158,8 @@ class Worker {
   void finish(Op* op, Outcome outcome);
   // Whether `op`'s checksum is computed here rather than on the pool (step 5).
   bool checksum_here(const Op& op) const noexcept;
+  // Whether `op` (being taken in, checksummed) is checksummed as it lands (step 5).
+  bool stream_due(const Op& op) const noexcept;
   // Retires the endpoint: every transfer taken in and not finished fails now with "endpoint
   // replaced: <reason>" (held like an expired one where the provider still has it), and later
   // ones fail at intake. `tell_service`: the worker found the endpoint unusable itself, so the
@@ -180,6 +187,7 @@ class Worker {
   OpTable table_;  // before the peers and regions its ops hold entries and leases of
   std::vector<Message> inbox_;
   std::vector<Op*> ended_;
+  std::vector<LandedPiece> landed_;  // pieces of streamed transfers reaped this pass
   bool closed_ = false;
   std::uint32_t quiet_passes_ = 0;
   std::uint64_t quiet_batches_ = 0;  // table_.batches at the end of the last pass
