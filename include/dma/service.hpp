@@ -89,7 +89,9 @@ struct DMA_EXPORT TransferRequest {
   Direction direction = Direction::kToPeer;
   // kFromPeer: how many bytes to read. kToPeer: ignored (the source's size is used).
   std::size_t length = 0;
-  // Compute CRC32C of the local operand, off the worker, into TransferDone::checksum.
+  // Compute CRC32C of the local operand into TransferDone::checksum: on the CRC pool; on the
+  // worker for a lone transfer of at most Configuration::worker_checksum_max bytes while it has
+  // nothing else to do; piece by piece as it lands for a larger one into one region.
   bool want_checksum = false;
   // Supplies the operand; handed back in the Completion. Required.
   std::unique_ptr<Operands> context;
