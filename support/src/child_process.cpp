@@ -261,8 +261,19 @@ Status ChildProcess::signal_and_wait(int signal, int flags, const char* instead)
   if ((flags == WUNTRACED && WIFSTOPPED(status)) || (flags == WCONTINUED && WIFCONTINUED(status))) {
     return {};
   }
-  record_exit(status);
-  return fail(ErrorCode::kWorkerGone, std::string("the child exited instead of ") + instead);
+  if (WIFEXITED(status) || WIFSIGNALED(status)) record_exit(status);
+  // How it went, so that a flake in a long run can be told apart (a crash, an exit, or a state
+  // change waitpid should not have reported).
+  std::string how;
+  if (WIFEXITED(status)) {
+    how = "exited with status " + std::to_string(WEXITSTATUS(status));
+  } else if (WIFSIGNALED(status)) {
+    how = std::string("was killed by signal ") + std::to_string(WTERMSIG(status)) + " (" +
+          strsignal(WTERMSIG(status)) + ")";
+  } else {
+    how = "reported wait status " + std::to_string(status);
+  }
+  return fail(ErrorCode::kWorkerGone, "the child " + how + " instead of " + instead);
 }
 
 Status ChildProcess::freeze() { return signal_and_wait(SIGSTOP, WUNTRACED, "stopping"); }
