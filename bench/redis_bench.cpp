@@ -448,6 +448,9 @@ Result<std::vector<Peer>> connect_peers(const std::string& host, int port,
   client_options.timeout = kReplyTimeout;
   if (options.inline_max) client_options.inline_max = *options.inline_max;
   client_options.busy_poll = options.busy_poll;
+  if (options.expect_window_us) {
+    client_options.expect_window = std::chrono::microseconds(*options.expect_window_us);
+  }
   for (std::size_t index = 0; index < count; ++index) {
     Peer peer;
     DMA_TRY_ASSIGN(peer.dma, Client::connect(host, port, client_configuration(options.provider),

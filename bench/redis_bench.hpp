@@ -34,6 +34,8 @@ struct RedisOptions {
   std::vector<std::string> module_arguments;
   // Client::Options::busy_poll: each client's target polls without sleeping during a command.
   bool busy_poll = false;
+  // Client::Options::expect_window in microseconds; unset: the Client's default.
+  std::optional<std::int64_t> expect_window_us;
 };
 
 Result<std::vector<Case>> run_redis(const RedisOptions& options, Progress& progress);

@@ -61,6 +61,11 @@ void add_redis_command(CLI::App& app, int* status) {
                       "worker-checksum-max 0; repeatable; README.md, Configuration)")
       ->expected(2)
       ->take_all();
+  command->add_option("--expect-window-us", arguments->options.expect_window_us,
+                      "how long each client's target polls on after a DMA.GET is sent "
+                      "(Client::Options::expect_window; 0: it sleeps until the write rings it; "
+                      "default: the Client's)")
+      ->check(CLI::Range(std::int64_t{0}, std::int64_t{1000000}));
   command->add_flag("--busy-poll", arguments->options.busy_poll,
                     "clients' targets poll without sleeping while a DMA command runs (a core "
                     "per waiting client; see Client::Options::busy_poll)");

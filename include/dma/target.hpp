@@ -117,6 +117,12 @@ class DMA_EXPORT Target {
   // never share a key. Zero length is an error.
   Result<Exposed> expose(void* data, std::size_t length);
   Busy busy();
+  // A transfer is expected within `window` (the RPC that makes the server write here is being
+  // sent): on shm, whose writes are copied by this target's progress, the progress thread is
+  // woken now and polls on (yielding between polls) until the window ends instead of sleeping,
+  // so the write finds it awake; its wake-up overlaps the server's work. Bounded, unlike a
+  // Busy token. No effect on tcp and net (their own threads move the bytes).
+  void expect(std::chrono::microseconds window);
   // How many times the progress thread has polled the provider (diagnostics, tests).
   std::uint64_t progress_polls() const noexcept;
   // Inserts an initiator's (server's) address into this target's address vector. efa-direct

@@ -97,12 +97,18 @@ Client::Client(redisContext* connection, std::string name, std::unique_ptr<Targe
                Options options)
     : timeout_(options.timeout),
       busy_poll_(options.busy_poll),
+      expect_window_(options.expect_window),
       inline_wanted_(options.inline_max),
       target_(std::move(target)) {
   nodes_.push_back(std::make_unique<Node>(connection, std::move(name)));
 }
 
 Target::Busy Client::busy() { return busy_poll_ ? target_->busy() : Target::Busy(); }
+
+void Client::expect_write() {
+  // On shm our target copies the server's write: awake when it comes (Options::expect_window).
+  if (!busy_poll_ && expect_window_.count() > 0) target_->expect(expect_window_);
+}
 
 // The connections close first (servers drop the sessions), then the target, then what failed
 // GETs left to their servers: once the target's endpoint is closed nothing lands in it.
@@ -330,7 +336,9 @@ Result<std::optional<Client::Answer>> Client::get_inline(std::string_view key, s
                                                          const Exposed* landing) {
   std::vector<std::string> arguments{"DMA.GET", std::string(key), "INLINE", std::to_string(most)};
   if (landing != nullptr) arguments = with_region(std::move(arguments), *landing);
-  // Only a transfer into `landing` needs the target's progress before the reply.
+  // Only a transfer into `landing` needs the target's progress before the reply, and only a
+  // value larger than `most` (so only a landing larger than it) travels that way.
+  if (landing != nullptr && landing->length() > most) expect_write();
   auto reply = landing != nullptr ? route_landing(key, arguments, *landing)
                                   : route(key, arguments, /*transfers=*/false);
   if (!reply) return fail(std::move(reply).error());
@@ -470,6 +478,7 @@ Result<std::optional<std::size_t>> Client::get(std::string_view key, const Expos
     return check_landed(landing, answer->length, answer->crc);
   }
   // The server writes into `landing` before replying.
+  expect_write();
   DMA_TRY_ASSIGN(const auto reply,
                  route_landing(key, with_region({"DMA.GET", std::string(key)}, landing), landing));
   if (reply->type == REDIS_REPLY_NIL) return std::optional<std::size_t>();

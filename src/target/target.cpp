@@ -50,6 +50,7 @@ struct Target::Impl {
   std::atomic<int> busy{0};     // live Busy tokens
   std::atomic<int> callers{0};  // callers waiting for or holding `mutex`
   std::atomic<std::uint32_t> own_rings{0};  // rings of our own doorbell by this process
+  std::atomic<std::int64_t> expect_until_ns{0};  // Target::expect: poll on until then
   std::atomic<std::uint64_t> polls{0};
   std::mutex sleep_mutex;
   std::condition_variable wake;
@@ -169,7 +170,8 @@ struct Target::Impl {
                         std::chrono::microseconds interval) {
     const auto now = std::chrono::steady_clock::now();
     if (peer_rang(doorbell)) doorbell.linger_until = now + kDoorbellLinger;
-    if (now < doorbell.linger_until) {
+    if (now < doorbell.linger_until ||
+        now.time_since_epoch().count() < expect_until_ns.load(std::memory_order_acquire)) {
       std::this_thread::yield();
       return true;
     }
@@ -323,6 +325,14 @@ Target::Busy Target::busy() {
     impl_->ring_own();
   }
   return Busy(this);
+}
+
+void Target::expect(std::chrono::microseconds window) {
+  const auto until = std::chrono::steady_clock::now() + window;
+  impl_->expect_until_ns.store(
+      std::chrono::duration_cast<std::chrono::nanoseconds>(until.time_since_epoch()).count(),
+      std::memory_order_release);
+  impl_->ring_own();
 }
 
 std::uint64_t Target::progress_polls() const noexcept {
