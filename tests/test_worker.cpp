@@ -143,6 +143,19 @@ struct Peer {
     request.context = std::make_unique<Buffer>(std::move(value), client);
     return request;
   }
+  // A read of [offset, offset + length) of the exposed bytes into a fresh Buffer tagged `client`.
+  TransferRequest read(std::uint64_t client, std::size_t offset, std::size_t length,
+                       bool checksum = false) const {
+    TransferRequest request;
+    request.client_id = client;
+    request.peer_address = testing::address_of(target->local_address());
+    request.regions.push_back(exposed->region(offset, length));
+    request.direction = Direction::kFromPeer;
+    request.length = length;
+    request.want_checksum = checksum;
+    request.context = std::make_unique<Buffer>(std::vector<std::byte>{}, client);
+    return request;
+  }
   std::vector<std::byte> memory;
   std::unique_ptr<Target> target;
   std::optional<Exposed> exposed;  // optional: Exposed's default constructor is not usable here
@@ -647,15 +660,7 @@ TEST(SteppedWorker, a_lone_small_checksum_is_computed_on_the_idle_worker_and_oth
   // for it.
   Peer peer(loopback("shm"), 8192, 41);
   const auto read_of = [&](std::uint64_t client, std::size_t offset, std::size_t length) {
-    TransferRequest read;
-    read.client_id = client;
-    read.peer_address = testing::address_of(peer.target->local_address());
-    read.regions.push_back(peer.exposed->region(offset, length));
-    read.direction = Direction::kFromPeer;
-    read.length = length;
-    read.want_checksum = true;
-    read.context = std::make_unique<Buffer>(std::vector<std::byte>{}, client);
-    return read;
+    return peer.read(client, offset, length, /*checksum=*/true);
   };
   const auto checksum_of = [&](std::size_t offset, std::size_t length) {
     return crc32c(std::span<const std::byte>(peer.memory.data() + offset, length));
@@ -710,15 +715,7 @@ TEST(SteppedWorker, a_large_checksummed_read_is_checksummed_piece_by_piece_as_it
   Configuration configuration = loopback("shm");
   Stepped stepped(configuration);
   ASSERT_TRUE(stepped);
-  TransferRequest read;
-  read.client_id = 1;
-  read.peer_address = testing::address_of(peer.target->local_address());
-  read.regions.push_back(peer.exposed->whole());
-  read.direction = Direction::kFromPeer;
-  read.length = length;
-  read.want_checksum = true;
-  read.context = std::make_unique<Buffer>();
-  stepped.submit(std::move(read));
+  stepped.submit(peer.read(1, 0, length, /*checksum=*/true));
   ASSERT_TRUE(stepped.step_until([&] { return stepped.collector.count() == 1; }));
   auto finished = stepped.collector.wait_for(1, std::chrono::milliseconds(0));
   ASSERT_EQ(1u, finished.size());
@@ -731,17 +728,7 @@ TEST(SteppedWorker, a_large_checksummed_read_is_checksummed_piece_by_piece_as_it
 
   // Two taken in together: the first streams (the worker had nothing else), the second, taken
   // in behind it, is checksummed whole on the pool; both checksums right.
-  for (std::uint64_t client : {2, 3}) {
-    TransferRequest again;
-    again.client_id = client;
-    again.peer_address = testing::address_of(peer.target->local_address());
-    again.regions.push_back(peer.exposed->whole());
-    again.direction = Direction::kFromPeer;
-    again.length = length;
-    again.want_checksum = true;
-    again.context = std::make_unique<Buffer>();
-    stepped.submit(std::move(again));
-  }
+  for (std::uint64_t client : {2, 3}) stepped.submit(peer.read(client, 0, length, /*checksum=*/true));
   ASSERT_TRUE(stepped.step_until([&] { return stepped.collector.count() == 2; }));
   auto both = stepped.collector.wait_for(2, std::chrono::milliseconds(0));
   ASSERT_EQ(2u, both.size());
