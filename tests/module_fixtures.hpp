@@ -23,6 +23,7 @@
 #include "dma/client.hpp"
 #include "dma/protocol.hpp"
 #include "dma/target.hpp"
+#include "child_process.hpp"
 #include "fixtures.hpp"
 #include "support/redis_connection.hpp"
 #include "support/redis_server.hpp"
@@ -231,41 +232,47 @@ inline std::string as_string(const std::vector<std::byte>& bytes) {
   return std::string(reinterpret_cast<const char*>(bytes.data()), bytes.size());
 }
 
-// A raw session whose target makes progress only when the test drives it: its progress thread
-// would poll once a day, and the test holds a Busy token only for the HELLO proof. On tcp the
-// server's reads of it then wait for drive(), so a DMA.SET is certainly in flight while other
-// connections' commands (a conflicting write, a fork, a MIGRATE) run, and the test lets it
-// finish when it chooses. Almost always: the provider was seen to progress a held read on its
-// own once in a while, so a test checks dma_in_flight afterwards and runs a round that missed
-// again.
-struct HeldSession {
-  std::unique_ptr<Target> target;
+// A raw, proven session whose target is another process: `dma-cli target` on tcp, exposing
+// `size` bytes of `seed`'s pattern (the session proof's nonce goes after them). freeze()
+// (SIGSTOP) holds every transfer to it in flight for certain until thaw(), so a DMA.SET is
+// still being read while other connections' commands (a conflicting write, a fork, a MIGRATE)
+// run. An in-process Target cannot promise that on tcp: rxm's own progress thread serves the
+// server's reads without us (docs/PROVIDERS.md, "Progress"), and a 16 MiB read "held" that way
+// was seen to finish before the other command in about one run in fifteen.
+struct ChildSession {
+  std::unique_ptr<Child> target;
+  Advertisement advertisement;
   std::unique_ptr<Connection> connection;
-  // Drives the target's progress (Target::synchronize) until `done` holds; false at the
-  // deadline.
-  template <typename Done>
-  bool drive_until(Done done, std::chrono::milliseconds within = 60s) {
-    const auto deadline = std::chrono::steady_clock::now() + within;
-    while (!done()) {
-      if (std::chrono::steady_clock::now() > deadline) return false;
-      target->synchronize();
-    }
-    return true;
+  // Bytes [offset, offset + length) of the child's buffer.
+  RemoteRegion region(std::uint64_t offset, std::uint64_t length) const {
+    return RemoteRegion{advertisement.key, advertisement.remote_address + offset, length};
   }
 };
-inline HeldSession held_session(int port) {
-  HeldSession held;
-  auto target = Target::open(loopback("tcp"), {}, Target::Options{std::chrono::hours(24)});
-  EXPECT_TRUE(target) << target.error().describe();
-  if (!target) return held;
-  held.target = std::move(*target);
-  held.connection = std::make_unique<Connection>(port);
-  Status proven = [&] {
-    const Target::Busy busy = held.target->busy();  // the proof's read needs our progress
-    return hello_and_prove(*held.connection, *held.target);
-  }();
-  EXPECT_TRUE(proven) << proven.error().describe();
-  if (!proven) held.connection.reset();
+inline ChildSession child_session(int port, std::size_t size, std::uint32_t seed) {
+  constexpr std::size_t kProofRoom = 256;  // for the nonce, after the value's bytes
+  ChildSession held;
+  held.target = std::make_unique<Child>(std::vector<std::string>{
+      std::string(DMA_BINARY_DIR) + "/bin/dma-cli", "target", "--provider", "tcp", "--bind",
+      "127.0.0.1", "--size", std::to_string(size + kProofRoom), "--fill", std::to_string(seed)});
+  if (!held.target->running()) return held;
+  const std::string wire = held.target->read_line();
+  auto advertisement = parse_advertisement(wire);
+  EXPECT_TRUE(advertisement) << "'" << wire << "'";
+  if (!advertisement) return held;
+  held.advertisement = *advertisement;
+  auto connection = std::make_unique<Connection>(port);
+  auto hello =
+      parse_hello(connection->command({"DMA.HELLO", hex_encode(held.advertisement.address)}));
+  EXPECT_TRUE(hello) << hello.error().describe();
+  if (!hello) return held;
+  for (const auto& address : hello->addresses) {
+    EXPECT_EQ("ok", held.target->ask("initiator " + hex_encode(address)));
+  }
+  EXPECT_LE(hello->nonce.size(), kProofRoom);
+  EXPECT_EQ("ok", held.target->ask("put " + std::to_string(size) + " " + hex_encode(hello->nonce)));
+  Reply proven = connection->command(with_region({"DMA.PROVE"}, held.region(size, hello->nonce.size())));
+  EXPECT_TRUE(proven && proven->type == REDIS_REPLY_STATUS) << "DMA.PROVE: " << error_of(proven);
+  if (proven && proven->type == REDIS_REPLY_STATUS) held.connection = std::move(connection);
   return held;
 }
 

@@ -328,37 +328,23 @@ void traffic_across_a_fork(int port, const std::string& fork_command,
   ASSERT_TRUE(dma->set("in-flight", at_fork["in-flight"]));
   last = at_fork;
 
-  auto held = held_session(port);
-  ASSERT_TRUE(held.connection);
   const std::size_t size = std::size_t{16} << 20;
-  std::vector<std::byte> memory(size);
-  auto exposed = held.target->expose(memory.data(), memory.size());
-  ASSERT_TRUE(exposed);
-  std::vector<std::byte> incoming;
-  // The provider may still progress the held read on its own now and then (seen once in about
-  // eight AOF rounds, during BGREWRITEAOF's flush): such a round is run again, with other bytes,
-  // once its child is done, so the one that counts had its read in flight across the fork.
-  for (int attempt = 0;; ++attempt) {
-    ASSERT_LT(attempt, 5) << "the 16 MiB read never stayed in flight across the fork";
-    ASSERT_TRUE(eventually([&] {
-      return admin.info_number("persistence", in_progress_field) == 0 &&
-             admin.info_number("persistence", "aof_rewrite_scheduled") == 0;
-    }));
-    at_fork = last;
-    incoming = pattern(size, 2 + attempt);
-    std::copy(incoming.begin(), incoming.end(), memory.begin());
-    held.target->synchronize();
-    const long long transfers = info_field(admin, "transfers");
-    held.connection->send(dma_set("in-flight", size, {"CRC", std::to_string(crc32c(incoming))},
-                                  exposed->whole()));
-    ASSERT_TRUE(eventually([&] { return info_field(admin, "transfers") > transfers; }));
-    const Forked forked = fork_during_a_read(admin, fork_command);
-    ASSERT_TRUE(forked.started);
-    if (forked.in_flight) break;
-    ASSERT_TRUE(held.drive_until([&] { return info_field(admin, "in_flight") == 0; }));
-    ASSERT_EQ(2u, length_and_crc(held.connection->receive()).size());
-    last["in-flight"] = incoming;
-  }
+  const std::vector<std::byte> incoming = pattern(size, 2);
+  auto held = child_session(port, size, 2);
+  ASSERT_TRUE(held.connection);
+  ASSERT_TRUE(eventually([&] {
+    return admin.info_number("persistence", in_progress_field) == 0 &&
+           admin.info_number("persistence", "aof_rewrite_scheduled") == 0;
+  }));
+  // Its target stopped, the read stays in flight across the fork and the traffic after it.
+  const long long transfers = info_field(admin, "transfers");
+  ASSERT_NO_FATAL_FAILURE(held.target->freeze());
+  held.connection->send(
+      dma_set("in-flight", size, {"CRC", std::to_string(crc32c(incoming))}, held.region(0, size)));
+  ASSERT_TRUE(eventually([&] { return info_field(admin, "transfers") > transfers; }));
+  const Forked forked = fork_during_a_read(admin, fork_command);
+  ASSERT_TRUE(forked.started);
+  EXPECT_TRUE(forked.in_flight) << "the read ended with its target stopped";
   // Traffic while the child lives: every reply and every byte read back is checked.
   int during = 0;
   std::vector<std::byte> back(65536 + 48);
@@ -372,12 +358,11 @@ void traffic_across_a_fork(int port, const std::string& fork_command,
     ++during;
   }
   // The read held across the fork (and the traffic) now completes.
-  ASSERT_TRUE(held.drive_until([&] { return info_field(admin, "in_flight") == 0; }));
+  ASSERT_NO_FATAL_FAILURE(held.target->thaw());
   Reply stored = held.connection->receive();
   EXPECT_EQ((std::vector<std::string>{std::to_string(size), std::to_string(crc32c(incoming))}),
             length_and_crc(stored))
       << "the DMA.SET in flight at the fork failed";
-  held.target->synchronize();
   last["in-flight"] = incoming;
   std::vector<std::byte> whole(size);
   auto read = dma->get("in-flight", whole);

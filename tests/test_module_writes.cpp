@@ -192,15 +192,10 @@ TEST_F(ModuleWrites, nx_and_xx_are_checked_again_when_the_value_is_swapped_in_an
   // If this fails, a DMA.SET NX whose key another client created while its read was in flight
   // overwrites that client's value (or XX recreates a key deleted meanwhile): the condition was
   // only checked before the read.
-  auto held = held_session(port());
+  const std::size_t size = std::size_t{16} << 20;
+  auto held = child_session(port(), size, 5);
   ASSERT_TRUE(held.connection);
   Connection other(port());
-  const std::size_t size = std::size_t{16} << 20;
-  const auto value = pattern(size, 5);
-  std::vector<std::byte> memory(value);
-  auto exposed = held.target->expose(memory.data(), memory.size());
-  ASSERT_TRUE(exposed);
-  held.target->synchronize();
   struct Case {
     std::string name;
     std::string condition;
@@ -214,31 +209,31 @@ TEST_F(ModuleWrites, nx_and_xx_are_checked_again_when_the_value_is_swapped_in_an
   };
   for (const Case& race : cases) {
     SCOPED_TRACE(race.name);
-    // The provider may progress the held read on its own now and then; a round where the read
-    // had completed before `during` ran says nothing and is run again.
-    bool raced = false;
-    for (int attempt = 0; attempt < 5 && !raced; ++attempt) {
-      other.command(race.before);
-      const long long failed = info_field(other, "conditions_failed");
-      const long long transfers = info_field(other, "transfers");
-      held.connection->send(dma_set("raced", size, {race.condition}, exposed->whole()));
-      ASSERT_TRUE(eventually([&] { return info_field(other, "transfers") > transfers; }));
-      other.command(race.during);
-      raced = info_field(other, "in_flight") > 0;
-      ASSERT_TRUE(held.drive_until([&] { return info_field(other, "in_flight") == 0; }));
-      Reply reply = held.connection->receive();
-      if (!raced) continue;
-      EXPECT_TRUE(is_nil(reply)) << "the swap ignored the condition: " << length_and_crc(reply)[0];
-      EXPECT_EQ(failed + 1, info_field(other, "conditions_failed"));
-    }
-    ASSERT_TRUE(raced) << "the read never stayed in flight while the other client wrote";
+    other.command(race.before);
+    const long long failed = info_field(other, "conditions_failed");
+    const long long transfers = info_field(other, "transfers");
+    // The read cannot complete while its target is stopped.
+    ASSERT_NO_FATAL_FAILURE(held.target->freeze());
+    held.connection->send(dma_set("raced", size, {race.condition}, held.region(0, size)));
+    ASSERT_TRUE(eventually([&] { return info_field(other, "transfers") > transfers; }));
+    other.command(race.during);
+    EXPECT_EQ(1, info_field(other, "in_flight")) << "the read ended with its target stopped";
+    ASSERT_NO_FATAL_FAILURE(held.target->thaw());
+    Reply reply = held.connection->receive();
+    EXPECT_TRUE(is_nil(reply)) << "the swap ignored the condition: " << length_and_crc(reply)[0];
+    EXPECT_EQ(failed + 1, info_field(other, "conditions_failed"));
+    EXPECT_EQ(0, info_field(other, "in_flight"));
     if (race.after.empty()) {
       EXPECT_EQ(0, integer_of(other.command({"EXISTS", "raced"})));
     } else {
       EXPECT_EQ(race.after, text_of(other.command({"GET", "raced"})));
     }
   }
-  held.target->synchronize();
+  // The same write with its condition holding throughout stores the child's bytes.
+  other.command({"DEL", "raced"});
+  const auto value = pattern(size, 5);
+  EXPECT_EQ((std::vector<std::string>{std::to_string(size), std::to_string(crc32c(value))}),
+            length_and_crc(held.connection->command(dma_set("raced", size, {"NX"}, held.region(0, size)))));
 }
 
 TEST_F(ModuleWrites, dma_setplain_get_answers_the_old_value_and_a_wrong_type_writes_nothing) {

@@ -234,6 +234,18 @@ TEST(DmaCli, the_target_answers_bad_commands_with_an_error_line_and_keeps_servin
   EXPECT_EQ("ok", target.ask("verify 5"));
   EXPECT_EQ("mismatch at 0", target.ask("verify 6"));
   EXPECT_EQ(std::to_string(crc32c(pattern(64, 5))), target.ask("crc"));
+  // put writes exactly its bytes; a range past the end or bad hex changes nothing.
+  EXPECT_EQ(0u, target.ask("put 62 010203").find("error:"));
+  EXPECT_EQ(0u, target.ask("put 0 0g").find("error:"));
+  EXPECT_EQ(0u, target.ask("put 0").find("error:"));
+  EXPECT_EQ("ok", target.ask("verify 5"));
+  EXPECT_EQ("ok", target.ask("put 60 0a0B0c"));
+  std::vector<std::byte> expected = pattern(64, 5);
+  expected[60] = std::byte{0x0a};
+  expected[61] = std::byte{0x0b};
+  expected[62] = std::byte{0x0c};
+  EXPECT_EQ(std::to_string(crc32c(expected)), target.ask("crc"));
+  EXPECT_EQ("ok", target.ask("verify 5 0 60"));
   EXPECT_EQ(0, target.finish()) << "EOF on stdin must exit 0";
 }
 

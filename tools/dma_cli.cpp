@@ -16,6 +16,7 @@
 #include <cinttypes>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <iostream>
 #include <tuple>
@@ -44,6 +45,7 @@ const char* const kTargetCommands =
     "  crc [OFFSET LENGTH]          CRC32C of the buffer (or of the range), decimal\n"
     "  verify SEED [OFFSET LENGTH]  `ok` or `mismatch at <offset>` against SEED's pattern\n"
     "  fill SEED [OFFSET LENGTH]    refill with SEED's pattern; `ok`\n"
+    "  put OFFSET HEX               write HEX's bytes at OFFSET (a session proof's nonce); `ok`\n"
     "  initiator HEX                add an initiator's fabric address; `ok` or `error: ...`\n"
     "  quit                         exit 0 (as does EOF)\n";
 
@@ -128,6 +130,17 @@ std::string answer(dma::Target& target, std::span<std::byte> buffer, const std::
     }
     auto mismatch = dma::support::find_mismatch(*range, *seed);
     return mismatch ? "mismatch at " + std::to_string(*mismatch) : "ok";
+  }
+  if (verb == "put") {
+    if (words.size() != 3) return "error: put needs OFFSET HEX";
+    auto bytes = dma::hex_decode(words[2]);
+    if (!bytes) return "error: " + bytes.error().message();
+    std::vector<std::string> range_words = {words[0], words[1], std::to_string(bytes->size())};
+    auto range = range_of(buffer, range_words, 1);
+    if (!range) return "error: " + range.error().message();
+    std::memcpy(range->data(), bytes->data(), bytes->size());
+    target.synchronize();  // our writes before the server's next access
+    return "ok";
   }
   if (verb == "initiator") {
     if (words.size() != 2) return "error: initiator needs one HEX address";
