@@ -81,11 +81,14 @@ class Client(_dma.Client):
     """dma::Client: connects, says DMA.HELLO (proving its fabric address), then GETs and SETs.
 
     Client(host="127.0.0.1", port=6379, *, provider=None, providers=None, interfaces=None,
-           bind=None, timeout=60.0, busy_poll=False, inline_max=None, config=None, hello=True)
+           bind=None, timeout=60.0, busy_poll=False, expect_window=300e-6, inline_max=None,
+           config=None, hello=True)
 
     ``provider``/``providers`` must match the server's (default "tcp"); ``config`` is a TOML file
     (dma::Configuration::load) the other arguments override; ``timeout`` (seconds) bounds every
-    round trip, the transfer included.
+    round trip, the transfer included. ``expect_window`` (seconds, 0 = off) is how long the
+    client's target polls after a DMA.GET that may write into it is sent (dma::Client::Options):
+    on shm the write's copy then runs at once instead of after the target's next wake-up.
     """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:

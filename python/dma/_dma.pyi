@@ -62,6 +62,7 @@ class Client:
                  provider: Optional[str] = None, providers: Optional[Sequence[str]] = None,
                  interfaces: Optional[Sequence[str]] = None, bind: Optional[str] = None,
                  timeout: float = 60.0, busy_poll: bool = False,
+                 expect_window: float = 300e-6,
                  inline_max: Optional[int] = None, config: Optional[str] = None,
                  hello: bool = True) -> None: ...
     def hello(self) -> None: ...

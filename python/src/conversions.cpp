@@ -94,4 +94,12 @@ std::chrono::milliseconds milliseconds_of(double seconds) {
   return std::chrono::milliseconds(static_cast<long long>(seconds * 1000.0 + 0.5));
 }
 
+std::chrono::microseconds microseconds_of(double seconds, const char* name) {
+  constexpr double kDay = 86400.0;
+  if (!(seconds >= 0 && seconds <= kDay)) {
+    throw py::value_error(std::string(name) + " must be between 0 and 86400 seconds");
+  }
+  return std::chrono::microseconds(static_cast<long long>(seconds * 1e6 + 0.5));
+}
+
 }  // namespace dma_python

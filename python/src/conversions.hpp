@@ -70,5 +70,8 @@ dma::Configuration configuration_of(const std::optional<std::string>& config_pat
 
 // A positive timeout in seconds, rounded to milliseconds; ValueError otherwise.
 std::chrono::milliseconds milliseconds_of(double seconds);
+// A duration of zero or more seconds (up to a day), rounded to microseconds; ValueError naming
+// `name` otherwise.
+std::chrono::microseconds microseconds_of(double seconds, const char* name);
 
 }  // namespace dma_python

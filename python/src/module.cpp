@@ -219,14 +219,15 @@ class PyClient {
            const std::optional<std::vector<std::string>>& providers,
            const std::optional<std::vector<std::string>>& interfaces,
            const std::optional<std::string>& bind, double timeout, bool busy_poll,
-           std::optional<std::size_t> inline_max, const std::optional<std::string>& config,
-           bool hello)
+           double expect_window, std::optional<std::size_t> inline_max,
+           const std::optional<std::string>& config, bool hello)
       : state_(std::make_shared<ClientState>()) {
     const dma::Configuration configuration =
         configuration_of(config, provider, providers, interfaces, bind);
     dma::Client::Options options;
     options.timeout = milliseconds_of(timeout);
     options.busy_poll = busy_poll;
+    options.expect_window = microseconds_of(expect_window, "expect_window");
     if (inline_max) options.inline_max = *inline_max;
     dma::Status said = [&]() -> dma::Status {
       py::gil_scoped_release release;
@@ -377,7 +378,7 @@ class PyTarget {
     const dma::Configuration configuration =
         configuration_of(config, provider, providers, interfaces, bind);
     dma::Target::Options options;
-    options.poll_interval = std::chrono::microseconds(static_cast<long long>(poll_interval * 1e6));
+    options.poll_interval = microseconds_of(poll_interval, "poll_interval");
     auto opened = [&] {
       py::gil_scoped_release release;
       return dma::Target::open(configuration, {}, options);
@@ -477,13 +478,13 @@ PYBIND11_MODULE(_dma, m) {
       .def(py::init<const std::string&, int, const std::optional<std::string>&,
                     const std::optional<std::vector<std::string>>&,
                     const std::optional<std::vector<std::string>>&,
-                    const std::optional<std::string>&, double, bool, std::optional<std::size_t>,
-                    const std::optional<std::string>&, bool>(),
+                    const std::optional<std::string>&, double, bool, double,
+                    std::optional<std::size_t>, const std::optional<std::string>&, bool>(),
            py::arg("host") = "127.0.0.1", py::arg("port") = 6379, py::kw_only(),
            py::arg("provider") = py::none(), py::arg("providers") = py::none(),
            py::arg("interfaces") = py::none(), py::arg("bind") = py::none(),
            py::arg("timeout") = 60.0, py::arg("busy_poll") = false,
-           py::arg("inline_max") = py::none(), py::arg("config") = py::none(),
+           py::arg("expect_window") = 300e-6, py::arg("inline_max") = py::none(), py::arg("config") = py::none(),
            py::arg("hello") = true)
       .def("hello", &PyClient::hello)
       .def("get", &PyClient::get, py::arg("key"), py::arg("out") = py::none())

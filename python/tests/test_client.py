@@ -88,6 +88,24 @@ def test_a_16_mib_value_round_trips_through_an_exposed_buffer(client: dma.Client
     source.close()
 
 
+def test_the_expect_window_is_checked_and_either_setting_reads_a_value_right(
+        server: RedisServer) -> None:
+    # Fails if expect_window is not passed through (a negative or absurd one accepted), or a
+    # client with the window off or long reads a DMA.GET's value wrong.
+    for bad in (-1e-6, float("nan"), 1e9):
+        with pytest.raises(ValueError, match="expect_window"):
+            client_for(server, expect_window=bad)
+    value = pattern(MIB, seed=9)
+    for window in (0.0, 0.002):
+        with client_for(server, expect_window=window) as client:
+            client.set("windowed", value)
+            landing = bytearray(MIB)
+            assert client.get("windowed", out=landing) == MIB
+            assert landing == value
+    with pytest.raises(ValueError, match="poll_interval"):
+        dma.Target(provider="tcp", bind="127.0.0.1", poll_interval=-1.0)
+
+
 def test_a_buffer_is_writable_memory_that_values_go_into_and_out_of(client: dma.Client) -> None:
     # Fails if dma.Buffer's buffer protocol is read-only, the wrong length, or not the memory a
     # get() lands in; or if a huge-page Buffer breaks a transfer.
