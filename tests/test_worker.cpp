@@ -748,6 +748,48 @@ TEST(SteppedWorker, a_large_checksummed_read_is_checksummed_piece_by_piece_as_it
       << "128 pieces of max_piece: more than kMaxStreamPieces";
 }
 
+TEST(SteppedWorker, a_checksummed_read_the_worker_checksums_lands_in_pieces_it_checksums_as_they_land_except_on_shm) {
+  // If this fails, a 1 MiB DMA.SET over tcp is read in one piece (one 1 MiB read took twice as
+  // long as four of 256 KiB in flight together here) and its checksum is then read back from
+  // memory, or the pieces' checksums are joined wrong and such values are refused as corrupt;
+  // or shm, which copies a read inside the post on the worker's own thread, is split for no
+  // gain (docs/PERFORMANCE.md, "Speed, ninth pass").
+  const std::size_t length = 3 * internal::kHerePiece + 1000;  // 4 pieces, the last short
+  for (const std::string provider : {"tcp", "shm"}) {
+    SCOPED_TRACE(provider);
+    Peer peer(loopback(provider), length, 43);
+    Configuration configuration = loopback(provider);
+    ASSERT_GE(configuration.worker_checksum_max, length);
+    Stepped stepped(configuration);
+    ASSERT_TRUE(stepped);
+    stepped.submit(peer.read(1, 0, length, /*checksum=*/true));
+    ASSERT_TRUE(stepped.step_until([&] { return stepped.collector.count() == 1; }));
+    auto finished = stepped.collector.wait_for(1, std::chrono::milliseconds(0));
+    ASSERT_EQ(1u, finished.size());
+    ASSERT_TRUE(finished[0].outcome) << finished[0].outcome.error().describe();
+    EXPECT_EQ(length, finished[0].outcome->bytes);
+    EXPECT_EQ(crc32c(peer.memory), finished[0].outcome->checksum.value());
+    EXPECT_EQ(peer.memory, testing::buffer_of(finished[0].context)->bytes);
+    EXPECT_EQ(0u, stepped.worker().pieces_streamed()) << "a piece went to the pool";
+    if (provider == "shm") {
+      EXPECT_EQ(0u, stepped.worker().pieces_here());
+      EXPECT_EQ(1u, stepped.worker().checksums_here());
+    } else {
+      EXPECT_EQ(4u, stepped.worker().pieces_here());
+      EXPECT_EQ(0u, stepped.worker().checksums_here());
+    }
+  }
+  // Pieces of kHerePiece, unless that would make more than kMaxStreamPieces.
+  EXPECT_EQ(0u, internal::stream_piece_for(internal::kHerePiece, std::size_t{1} << 30,
+                                           internal::kHerePiece));
+  EXPECT_EQ(internal::kHerePiece, internal::stream_piece_for(internal::kHerePiece + 1,
+                                                             std::size_t{1} << 30,
+                                                             internal::kHerePiece));
+  EXPECT_EQ(std::size_t{1} << 20, internal::stream_piece_for(std::size_t{64} << 20,
+                                                             std::size_t{1} << 30,
+                                                             internal::kHerePiece));
+}
+
 TEST(SteppedWorker, a_streamed_read_that_fails_part_way_is_answered_with_its_error) {
   // If this fails, a large read whose second piece fails is answered as a success (with a
   // checksum of what did land), or a stream whose transfer expires with a piece still in the

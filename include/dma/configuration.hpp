@@ -71,8 +71,11 @@ struct DMA_EXPORT Configuration {
   // Largest transfer whose CRC32C a fabric worker with nothing else to do (nothing queued, in
   // flight or on its channel) computes itself instead of handing it to the CRC pool: the hand-off
   // wakes a pool thread and costs more than the checksum (1 MiB DMA.SETs over shm ran 15 % more
-  // per second; docs/PERFORMANCE.md, "Speed, eighth pass"). Larger ones always go to the pool, so
-  // a worker is never held from its next transfer for long. 0: always the pool.
+  // per second; docs/PERFORMANCE.md, "Speed, eighth pass"). Except on shm, such a transfer into
+  // one region is read in pieces of 256 KiB that the worker checksums as each lands (1 MiB
+  // DMA.SETs over tcp: 1.4k -> 2.2k per second at one client, "Speed, ninth pass"). Larger ones
+  // always go to the pool, so a worker is never held from its next transfer for long. 0: always
+  // the pool.
   std::size_t worker_checksum_max = std::size_t{1} << 20;
 
   // Reads a TOML file whose keys are the fields above (durations in milliseconds, named

@@ -99,7 +99,8 @@ const std::array<Setting<Configuration>, 13> kConfigurationSettings{{
      [](Configuration& c, Value&& v) { c.worker_checksum_max = number_of(v); },
      [](const Configuration& c) { return std::to_string(c.worker_checksum_max); },
      "largest transfer a fabric worker with nothing else to do checksums itself rather than "
-     "hand to the CRC pool (a hand-off wakes a thread); 0: always the pool"},
+     "hand to the CRC pool (a hand-off wakes a thread); except on shm it reads such a transfer "
+     "in 256 KiB pieces and checksums each as it lands; 0: always the pool"},
 }};
 
 const std::array<Setting<ModuleOptions>, 6> kModuleSettings{{

@@ -41,9 +41,9 @@ void forget(std::vector<Completion>& batch) {
 }
 }  // namespace
 
-std::size_t stream_piece_for(std::size_t length, std::size_t max_piece) noexcept {
-  // At least kStreamPiece, and large enough that kMaxStreamPieces cover the transfer.
-  std::size_t piece = std::max(kStreamPiece, (length + kMaxStreamPieces - 1) / kMaxStreamPieces);
+std::size_t stream_piece_for(std::size_t length, std::size_t max_piece, std::size_t least) noexcept {
+  // At least `least`, and large enough that kMaxStreamPieces cover the transfer.
+  std::size_t piece = std::max(least, (length + kMaxStreamPieces - 1) / kMaxStreamPieces);
   piece = std::min(piece, max_piece);
   if (piece == 0 || length <= piece) return 0;
   return (length + piece - 1) / piece <= kMaxStreamPieces ? piece : 0;
@@ -94,7 +94,7 @@ void Delivery::dispatch_checksums() {
 }
 
 ChecksumStream* Delivery::open_stream(const std::byte* data, std::size_t length,
-                                      std::size_t piece) {
+                                      std::size_t piece, bool here) {
   ChecksumStream* stream = nullptr;
   {
     std::lock_guard lock(shared_.jobs_mutex);
@@ -115,11 +115,19 @@ ChecksumStream* Delivery::open_stream(const std::byte* data, std::size_t length,
   stream->data = data;
   stream->length = length;
   stream->piece = piece;
+  stream->here = here;
   stream->tokens.store(1, std::memory_order_relaxed);  // the worker's
   return stream;
 }
 
 void Delivery::checksum_piece(const LandedPiece& piece) {
+  ChecksumStream& stream = *piece.stream;
+  if (stream.here) {
+    stream.crcs[piece.offset / stream.piece] =
+        crc32c(std::span<const std::byte>(stream.data + piece.offset, piece.size));
+    ++pieces_here_;
+    return;
+  }
   // The job's token is taken here, on the worker, before the worker can close the stream.
   piece.stream->tokens.fetch_add(1, std::memory_order_relaxed);
   {

@@ -11,14 +11,22 @@
 // message). outstanding() drops before the completer runs, so a caller woken by its completion
 // never sees its own transfer still counted.
 //
-// A large checksummed transfer is checksummed as it lands instead (a ChecksumStream): the worker
-// posts it in pieces (poster.hpp), each landed piece's CRC32C runs on the pool at once, and the
-// pieces' checksums are joined (crc32c_combine) by whichever finishes last, the worker's finish
-// or the last piece's job. The checksum then costs the transfer only its last piece's, not a
-// pass over the whole value after the copy (a 16 MiB DMA.SET over shm: ~0.9 of 4.4 ms;
-// docs/PERFORMANCE.md, "Speed, eighth pass"). A stream counts its owners (`tokens`: the worker
-// until it finishes the transfer, and each piece's job), and its completion is delivered only
-// when the last one lets go, so no job reads a landing its caller already has back.
+// A checksummed transfer taken in while the worker is idle is checksummed as it lands instead (a
+// ChecksumStream): the worker posts it in pieces (poster.hpp), one per turn, and the pieces'
+// checksums are joined (crc32c_combine) when the transfer is done. Two kinds:
+// - larger than worker_checksum_max: each landed piece's CRC32C runs on the pool at once, and
+//   whichever finishes last, the worker's finish or the last piece's job, joins them. The
+//   checksum then costs the transfer only its last piece's, not a pass over the whole value
+//   after the copy (a 16 MiB DMA.SET over shm: ~0.9 of 4.4 ms; docs/PERFORMANCE.md, "Speed,
+//   eighth pass");
+// - at most worker_checksum_max (`here`): the worker checksums each piece itself as it reaps
+//   it, in pieces of kHerePiece, while the bytes just copied are still in its cache. A 1 MiB
+//   value checksummed after its whole copy is read back from memory: 34-48 us per MiB against
+//   15-18 us in 256 KiB pieces on this VM, and ~75 us in the module's worker
+//   (docs/PERFORMANCE.md, "Speed, ninth pass").
+// A stream counts its owners (`tokens`: the worker until it finishes the transfer, and each
+// piece's pool job), and its completion is delivered only when the last one lets go, so no job
+// reads a landing its caller already has back.
 //
 // No allocation per transfer: a checksum batch travels to the pool in a ChecksumJob that comes
 // back to a free list when the job is done (its vectors keep their capacity), and the job
@@ -45,13 +53,17 @@
 namespace dma::internal {
 
 inline constexpr std::size_t kChecksumBatch = 32;
-// Streams: the least piece, and the most pieces (a longer transfer gets larger pieces).
+// Streams: the least piece, and the most pieces (a longer transfer gets larger pieces). A piece
+// the worker checksums itself is smaller: it must still be in the worker's cache when reaped.
 inline constexpr std::size_t kStreamPiece = std::size_t{1} << 20;
+inline constexpr std::size_t kHerePiece = std::size_t{256} << 10;
 inline constexpr std::size_t kMaxStreamPieces = 64;
 // The piece size a checksummed transfer of `length` bytes into one region is streamed in, with
-// pieces of at most `max_piece` posted; 0 if it is not streamed (it fits one piece, or the
-// pieces it would need are more than kMaxStreamPieces).
-std::size_t stream_piece_for(std::size_t length, std::size_t max_piece) noexcept;
+// pieces of at least `least` (kStreamPiece, or kHerePiece when the worker checksums them) and of
+// at most `max_piece` posted; 0 if it is not streamed (it fits one piece, or the pieces it
+// would need are more than kMaxStreamPieces).
+std::size_t stream_piece_for(std::size_t length, std::size_t max_piece,
+                             std::size_t least = kStreamPiece) noexcept;
 
 class Delivery;
 struct ChecksumStream {
@@ -59,6 +71,7 @@ struct ChecksumStream {
   const std::byte* data = nullptr;
   std::size_t length = 0;
   std::size_t piece = 0;
+  bool here = false;  // the worker checksums each piece as it lands (no pool jobs)
   // The worker's (until it finishes the transfer) plus one per piece job not yet done.
   std::atomic<std::uint32_t> tokens{0};
   std::array<std::uint32_t, kMaxStreamPieces> crcs{};
@@ -83,17 +96,22 @@ class Delivery {
   std::size_t checksums_batched() const noexcept { return checksum_batch_.size(); }
 
   // A stream for a transfer of `length` bytes landing at `data`, in pieces of `piece`
-  // (stream_piece_for). The worker holds it until close_stream().
-  ChecksumStream* open_stream(const std::byte* data, std::size_t length, std::size_t piece);
-  // Starts the checksum of a piece that landed, on the pool.
+  // (stream_piece_for), checksummed `here` on the worker or on the pool. The worker holds it
+  // until close_stream().
+  ChecksumStream* open_stream(const std::byte* data, std::size_t length, std::size_t piece,
+                              bool here);
+  // A piece that landed: its checksum now, on this (the worker's) thread if the stream is
+  // `here`, else started on the pool.
   void checksum_piece(const LandedPiece& piece);
   // The worker is done with the transfer: `completion` goes to its caller (with the joined
   // checksum, if it succeeded) once every piece's job has finished; now, if they all have.
   void close_stream(ChecksumStream* stream, Completion completion);
-  // Pieces checksummed as they landed (tests, diagnostics; a pool thread adds to it).
+  // Pieces checksummed as they landed, on the pool and on the worker (tests, diagnostics; a
+  // pool thread adds to the first).
   std::uint64_t pieces_streamed() const noexcept {
     return pieces_streamed_.load(std::memory_order_relaxed);
   }
+  std::uint64_t pieces_here() const noexcept { return pieces_here_; }
 
  private:
   struct ChecksumItem {
@@ -123,6 +141,7 @@ class Delivery {
   std::vector<std::unique_ptr<ChecksumStream>> streams_;
   std::vector<ChecksumStream*> free_streams_;
   std::atomic<std::uint64_t> pieces_streamed_{0};
+  std::uint64_t pieces_here_ = 0;
 };
 
 }  // namespace dma::internal

@@ -34,8 +34,9 @@
 // to a peer ring anyway, before the queue fills and posts are refused.
 //
 // A streamed transfer (Op::stream: checksummed as it lands, delivery.hpp) posts pieces of at
-// most Op::stream_piece bytes, one per turn, so that the reap after each starts that piece's
-// checksum on the pool while the next is on the wire (on shm, copied inside the next fi_read).
+// most Op::stream_piece bytes, one per turn, so that the reap after each checksums that piece
+// (on the pool, or on the worker for a small stream) while the next is on the wire (on shm,
+// copied inside the next fi_read).
 //
 // Ownership: owned by the Worker; borrows the endpoint and counters. Thread-safety: the worker
 // thread only.

@@ -57,6 +57,9 @@ Worker::Worker(std::unique_ptr<Endpoint> endpoint, const Configuration& configur
   regions_ = std::make_unique<LocalRegions>(*endpoint_, register_operands);
   efa_addresses_ = address_format_from(endpoint_->info()->addr_format) == AddressFormat::kEfa;
   yield_in_spin_ = endpoint_->describe().provider == "shm";
+  // shm copies a read inside fi_read, on this thread: a piece's checksum cannot overlap the
+  // next piece's copy there (docs/PERFORMANCE.md, "Speed, ninth pass").
+  checksum_pieces_here_ = !yield_in_spin_;
   peers_ = std::make_unique<PeerAddresses>(
       endpoint_->address_vector(), address_format_from(endpoint_->info()->addr_format),
       endpoint_->info()->addr_format);
@@ -239,9 +242,15 @@ void Worker::accept(TransferRequest&& request) {
     return;
   }
   if (op->request.want_checksum && stream_due(*op)) {
-    op->stream_piece = stream_piece_for(op->length, poster_.max_piece());
-    if (op->stream_piece != 0) {
-      op->stream = delivery_.open_stream(op->local, op->length, op->stream_piece);
+    // Over worker_checksum_max the pool checksums the pieces; up to it the worker does, as
+    // they land, where they land while it does other things (delivery.hpp).
+    const bool here = op->length <= checksum_max_;
+    if (!here || checksum_pieces_here_) {
+      op->stream_piece =
+          stream_piece_for(op->length, poster_.max_piece(), here ? kHerePiece : kStreamPiece);
+      if (op->stream_piece != 0) {
+        op->stream = delivery_.open_stream(op->local, op->length, op->stream_piece, here);
+      }
     }
   }
   op->queued = true;
@@ -305,13 +314,14 @@ void Worker::finish(Op* op, Outcome outcome) {
 }
 
 bool Worker::stream_due(const Op& op) const noexcept {
-  // Larger than the worker checksums itself, into one region (a piece is then a slice of the
-  // landing), and only while nothing else is queued or live: streaming spreads one transfer's
-  // checksum over a core that is otherwise idle; with the cores busy with other transfers it
-  // costs a pool hand-off per piece and gains nothing (16 MiB DMA.SETs over shm at 4 clients
-  // ran 13 % slower streamed always; docs/PERFORMANCE.md, "Speed, eighth pass").
-  return op.length > checksum_max_ && op.request.regions.size() == 1 && table_.pending.empty() &&
-         table_.live_in_flight() == 0;
+  // Into one region (a piece is then a slice of the landing), and only while nothing else is
+  // queued or live. Over worker_checksum_max, streaming spreads one transfer's checksum over a
+  // core that is otherwise idle; with the cores busy with other transfers it costs a pool
+  // hand-off per piece and gains nothing (16 MiB DMA.SETs over shm at 4 clients ran 13 % slower
+  // streamed always; docs/PERFORMANCE.md, "Speed, eighth pass"). Up to it, the worker checksums
+  // the pieces itself as they land, which it would only do for a lone transfer anyway
+  // (checksum_here).
+  return op.request.regions.size() == 1 && table_.pending.empty() && table_.live_in_flight() == 0;
 }
 
 bool Worker::checksum_here(const Op& op) const noexcept {

@@ -11,10 +11,12 @@
 //   5. hands completions to the batch completer, checksummed ones via the CRC pool
 //      (delivery.hpp), a partial batch flushed when the queue runs dry or before parking; a
 //      lone one of at most Configuration::worker_checksum_max bytes, with nothing else to do,
-//      it checksums itself (waking a pool thread cost more than the checksum); a larger one,
-//      into one region, taken in while nothing else is queued or live, is posted in pieces and
-//      checksummed piece by piece on the pool as they land (a ChecksumStream, delivery.hpp),
-//      its completion delivered once the last piece's checksum is done;
+//      it checksums itself (waking a pool thread cost more than the checksum); one into one
+//      region, taken in while nothing else is queued or live, is posted in pieces and
+//      checksummed piece by piece as they land (a ChecksumStream, delivery.hpp), its completion
+//      delivered once the last piece's checksum is done: on the pool if it is larger than
+//      worker_checksum_max, else on the worker as it reaps each piece (not on shm, whose copy
+//      runs inside the post, on this thread);
 //   4a. tells the service when that check finds the endpoint wedged (expiry.hpp): the service
 //       opens a new one and this worker only drains (service.hpp, "Endpoint replacement");
 //   6. parks on the channel when nothing is queued or live in flight, once it has polled on
@@ -106,6 +108,7 @@ class Worker {
   std::uint64_t checksums_here() const noexcept { return checksums_here_; }
   // Pieces of large transfers checksummed as they landed (step 5; diagnostics, tests).
   std::uint64_t pieces_streamed() const noexcept { return delivery_.pieces_streamed(); }
+  std::uint64_t pieces_here() const noexcept { return delivery_.pieces_here(); }
   const PeerAddresses& peers() const noexcept { return *peers_; }
   const ClientCounts& clients() const noexcept { return clients_; }
   // Nothing queued and nothing live in flight: step(true) would park, for park_timeout() (zero:
@@ -175,6 +178,7 @@ class Worker {
   std::shared_ptr<ServiceShared> shared_;
   bool efa_addresses_ = false;
   bool yield_in_spin_ = false;  // shm: the peer's process copies, perhaps queued on our core
+  bool checksum_pieces_here_ = true;  // not shm: small streams are checksummed piece by piece
   std::chrono::milliseconds held_poll_interval_;
   std::chrono::microseconds idle_poll_;  // Configuration::worker_idle_poll
   std::size_t checksum_max_;             // Configuration::worker_checksum_max
