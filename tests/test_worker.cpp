@@ -161,6 +161,19 @@ struct Peer {
   std::optional<Exposed> exposed;  // optional: Exposed's default constructor is not usable here
 };
 
+// Reads all of `peer`'s exposed bytes as one checksummed transfer, steps `stepped` until it is
+// delivered, and checks it: every byte, and their CRC32C. Call with ASSERT_NO_FATAL_FAILURE.
+void read_all_checksummed(Stepped& stepped, const Peer& peer) {
+  stepped.submit(peer.read(1, 0, peer.memory.size(), /*checksum=*/true));
+  ASSERT_TRUE(stepped.step_until([&] { return stepped.collector.count() == 1; }));
+  auto finished = stepped.collector.wait_for(1, std::chrono::milliseconds(0));
+  ASSERT_EQ(1u, finished.size());
+  ASSERT_TRUE(finished[0].outcome) << finished[0].outcome.error().describe();
+  EXPECT_EQ(peer.memory.size(), finished[0].outcome->bytes);
+  EXPECT_EQ(crc32c(peer.memory), finished[0].outcome->checksum.value());
+  EXPECT_EQ(peer.memory, testing::buffer_of(finished[0].context)->bytes);
+}
+
 TransferRequest to_dead_peer(std::uint64_t client) {
   return TransferRequest::single(client, testing::address_of(kDeadPeer), 0, 0, Direction::kToPeer,
                                  0, std::make_unique<Buffer>(pattern(64, 1), client));
@@ -715,14 +728,7 @@ TEST(SteppedWorker, a_large_checksummed_read_is_checksummed_piece_by_piece_as_it
   Configuration configuration = loopback("shm");
   Stepped stepped(configuration);
   ASSERT_TRUE(stepped);
-  stepped.submit(peer.read(1, 0, length, /*checksum=*/true));
-  ASSERT_TRUE(stepped.step_until([&] { return stepped.collector.count() == 1; }));
-  auto finished = stepped.collector.wait_for(1, std::chrono::milliseconds(0));
-  ASSERT_EQ(1u, finished.size());
-  ASSERT_TRUE(finished[0].outcome) << finished[0].outcome.error().describe();
-  EXPECT_EQ(length, finished[0].outcome->bytes);
-  EXPECT_EQ(crc32c(peer.memory), finished[0].outcome->checksum.value());
-  EXPECT_EQ(peer.memory, testing::buffer_of(finished[0].context)->bytes);
+  ASSERT_NO_FATAL_FAILURE(read_all_checksummed(stepped, peer));
   EXPECT_EQ(4u, stepped.worker().pieces_streamed());
   EXPECT_EQ(0u, stepped.worker().checksums_here());
 
@@ -762,14 +768,7 @@ TEST(SteppedWorker, a_checksummed_read_the_worker_checksums_lands_in_pieces_it_c
     ASSERT_GE(configuration.worker_checksum_max, length);
     Stepped stepped(configuration);
     ASSERT_TRUE(stepped);
-    stepped.submit(peer.read(1, 0, length, /*checksum=*/true));
-    ASSERT_TRUE(stepped.step_until([&] { return stepped.collector.count() == 1; }));
-    auto finished = stepped.collector.wait_for(1, std::chrono::milliseconds(0));
-    ASSERT_EQ(1u, finished.size());
-    ASSERT_TRUE(finished[0].outcome) << finished[0].outcome.error().describe();
-    EXPECT_EQ(length, finished[0].outcome->bytes);
-    EXPECT_EQ(crc32c(peer.memory), finished[0].outcome->checksum.value());
-    EXPECT_EQ(peer.memory, testing::buffer_of(finished[0].context)->bytes);
+    ASSERT_NO_FATAL_FAILURE(read_all_checksummed(stepped, peer));
     EXPECT_EQ(0u, stepped.worker().pieces_streamed()) << "a piece went to the pool";
     if (provider == "shm") {
       EXPECT_EQ(0u, stepped.worker().pieces_here());
