@@ -17,6 +17,7 @@
 //   is read back with plain GET and checked against the value written last. A failure is a
 //   mismatch of the side that wrote or read it.
 #include "redis_bench.hpp"
+#include "redis_clients.hpp"
 
 #include <hiredis/hiredis.h>
 
@@ -44,92 +45,14 @@
 #include "support/redis_server.hpp"
 
 namespace dma::bench {
-namespace {
+namespace redis {
 
-using Clock = std::chrono::steady_clock;
 constexpr std::chrono::milliseconds kRoundLength{500};
 constexpr std::size_t kMinRounds = 5;  // the median and spread of the round ratios need a few
 constexpr std::chrono::milliseconds kReplyTimeout{60000};
-constexpr std::size_t kWorkingSetBytes = std::size_t{64} << 20;
-constexpr std::size_t kMaxKeysPerClient = 64;
 constexpr std::size_t kSamplesPerThread = std::size_t{1} << 18;
 
 using support::as_text;
-using support::RedisConnection;
-using support::RedisServer;
-
-// One benchmark client: a dma::Client and a plain connection, used by one thread per phase.
-// With `--registration once` the client's buffers are exposed once per case and it uses
-// Client's exposed-buffer calls, to measure what the per-call registration of get/set costs.
-// With `--client-memory heap` its values and landing are malloc's (ValueMemory).
-struct Peer {
-  std::unique_ptr<Client> dma;
-  bool expose_once = false;
-  bool heap_memory = false;
-  std::unique_ptr<RedisConnection> plain;  // the baseline's client, seeding and read-back
-};
-
-// A client's memory for one value (a pattern, or the landing of GETs): a dma::Buffer, what the
-// library recommends for values (huge pages from 1 MiB, include/dma/memory.hpp), or with
-// `--client-memory heap` a std::vector (malloc's pages), to measure what that costs. Both sides
-// of a case use the same memory.
-class ValueMemory {
- public:
-  static Result<ValueMemory> make(std::size_t size, bool heap) {
-    ValueMemory memory;
-    if (heap || size == 0) {
-      memory.heap_.resize(size);
-    } else {
-      DMA_TRY_ASSIGN(memory.buffer_, Buffer::allocate(size));
-    }
-    return memory;
-  }
-  std::span<std::byte> bytes() {
-    return buffer_.data() != nullptr ? buffer_.bytes() : std::span<std::byte>(heap_);
-  }
-  std::span<const std::byte> bytes() const {
-    return buffer_.data() != nullptr ? buffer_.bytes() : std::span<const std::byte>(heap_);
-  }
-  std::size_t size() const { return bytes().size(); }
-
- private:
-  Buffer buffer_;
-  std::vector<std::byte> heap_;
-};
-
-// A client's share of one case: its keys, its two pattern values, which value each key holds,
-// and the landing buffer for GETs.
-struct Keys {
-  std::vector<std::string> names;
-  std::vector<std::size_t> holds;  // per key: index into Share::values
-  std::size_t next = 0;            // the next key to use
-};
-enum class Kind { kDma, kPlain };
-struct Share {
-  Keys dma_keys;    // module values
-  Keys plain_keys;  // strings
-  std::vector<ValueMemory> values;        // two
-  std::vector<std::uint32_t> value_crcs;  // two
-  ValueMemory landing;
-  Keys& keys(Kind kind) { return kind == Kind::kDma ? dma_keys : plain_keys; }
-  // With --registration once: landing and values exposed for the whole case. Declared after
-  // the buffers so they are closed first.
-  std::optional<Exposed> landing_exposed;
-  std::vector<Exposed> values_exposed;
-};
-
-// What one thread counted in one phase.
-struct Tally {
-  std::uint64_t operations = 0;
-  std::uint64_t bytes = 0;
-  std::uint64_t errors = 0;
-  std::uint64_t mismatches = 0;
-  LatencySamples samples;
-  std::string first_problem;
-  void problem(std::string text) {
-    if (first_problem.empty()) first_problem = std::move(text);
-  }
-};
 
 // One side of a case accumulated over its rounds.
 struct Side {
@@ -146,8 +69,6 @@ struct Side {
   }
 };
 
-// One operation of `kind` on `op` by one client; the result goes to `tally`. Returns false if
-// the connection can no longer be trusted (the phase ends for this client).
 bool one_operation(Kind kind, bool get, Peer& peer, Share& share, Tally& tally) {
   Keys& keys = share.keys(kind);
   const std::size_t index = keys.next++ % keys.names.size();
@@ -295,8 +216,6 @@ std::string key_prefix(std::size_t size, std::size_t client) {
   return "dma-bench:" + format_size(size) + ":" + std::to_string(client) + ":";
 }
 
-// Builds the client's share of a case and seeds its keys: plain SET for the plain side's,
-// DMA.SETPLAIN for the DMA side's.
 Result<Share> make_share(Peer& peer, std::size_t size, std::size_t keys, std::size_t client,
                          std::uint32_t seed) {
   Share share;
@@ -464,13 +383,6 @@ Result<std::vector<Peer>> connect_peers(const std::string& host, int port,
   return peers;
 }
 
-// What a run talks to: the server started here (none with --host) and `count` peers connected
-// to it. Declaration order: the peers disconnect before the server stops.
-struct Connected {
-  std::unique_ptr<RedisServer> server;
-  std::vector<Peer> peers;
-};
-
 Result<Connected> connect_run(const RedisOptions& options, std::size_t count) {
   Connected connected;
   std::string host = options.host;
@@ -485,9 +397,10 @@ Result<Connected> connect_run(const RedisOptions& options, std::size_t count) {
   return connected;
 }
 
-}  // namespace
+}  // namespace redis
 
 Result<std::vector<Case>> run_redis(const RedisOptions& options, Progress& progress) {
+  using namespace redis;
   if (options.sizes.empty() || options.clients.empty() || options.ops.empty()) {
     return fail(ErrorCode::kInvalidArgument, "nothing to run: sizes, clients and ops are needed");
   }
@@ -510,116 +423,6 @@ Result<std::vector<Case>> run_redis(const RedisOptions& options, Progress& progr
     }
   }
   return rows;
-}
-
-namespace {
-
-// The server's CPU seconds so far, user + system over all its threads (INFO cpu: getrusage).
-Result<double> server_cpu_seconds(RedisConnection& connection) {
-  DMA_TRY_ASSIGN(auto reply, connection.command({"INFO", "cpu"}));
-  const std::string text((*reply).str, (*reply).len);
-  double total = 0;
-  int found = 0;
-  for (const char* field : {"used_cpu_sys:", "used_cpu_user:"}) {
-    const std::size_t at = text.find(field);
-    if (at == std::string::npos) continue;
-    total += std::strtod(text.c_str() + at + std::strlen(field), nullptr);
-    ++found;
-  }
-  if (found != 2) return fail(ErrorCode::kInvalidArgument, "INFO cpu has no used_cpu_sys/user");
-  return total;
-}
-
-// `operations` DMA.GETs on one client; the first failure ends them.
-Status dma_gets(Peer& peer, Share& share, Tally& tally, std::uint64_t operations) {
-  for (std::uint64_t done = 0; done < operations; ++done) {
-    if (!one_operation(Kind::kDma, true, peer, share, tally)) {
-      return fail(ErrorCode::kFabric, tally.first_problem);
-    }
-  }
-  return {};
-}
-
-}  // namespace
-
-// `--cpu-check N`: the server's CPU time per DMA.GET of the first size, over N GETs on one
-// client after a warm-up of N/10 (nothing else runs on the server meanwhile).
-Status cpu_check(const RedisOptions& options, std::uint64_t count, Progress& progress) {
-  DMA_TRY_ASSIGN(Connected connected, connect_run(options, 1));
-  Peer& peer = connected.peers[0];
-  const std::size_t size = options.sizes.front();
-  DMA_TRY_ASSIGN(Share share, make_share(peer, size, std::clamp<std::size_t>(
-                                                         kWorkingSetBytes / size, 1, 8),
-                                         0, 4343));
-  Tally tally;
-  auto run = [&](std::uint64_t operations) { return dma_gets(peer, share, tally, operations); };
-  DMA_TRY(run(std::max<std::uint64_t>(count / 10, 1)));
-  DMA_TRY_ASSIGN(const double before, server_cpu_seconds(*peer.plain));
-  progress.note("cpu check: " + std::to_string(count) + " DMA.GETs of " + format_size(size));
-  const auto started = Clock::now();
-  DMA_TRY(run(count));
-  const double seconds = std::chrono::duration<double>(Clock::now() - started).count();
-  DMA_TRY_ASSIGN(const double after, server_cpu_seconds(*peer.plain));
-  std::printf("cpu check (%s): %llu DMA.GETs of %s in %.2f s; server CPU %.3f s, %.1f us per GET "
-              "(%.0f %% of a core); %llu mismatches\n",
-              options.provider.c_str(), static_cast<unsigned long long>(count),
-              format_size(size).c_str(), seconds, after - before,
-              (after - before) * 1e6 / static_cast<double>(count),
-              seconds > 0 ? 100.0 * (after - before) / seconds : 0.0,
-              static_cast<unsigned long long>(tally.mismatches));
-  std::fflush(stdout);
-  DMA_TRY(delete_share(peer, share));
-  if (tally.mismatches != 0) {
-    return fail(ErrorCode::kCorrupted, std::to_string(tally.mismatches) + " mismatches");
-  }
-  return {};
-}
-
-// `--memory-check N`: the server's RSS (VmRSS of the server started here, else INFO's
-// used_memory_rss) before, during (after each tenth) and after N 4 KiB DMA.GETs on one client,
-// after a warm-up of N/10, so allocator growth that settles is not counted as a leak.
-Status memory_check(const RedisOptions& options, std::uint64_t count, Progress& progress) {
-  DMA_TRY_ASSIGN(Connected connected, connect_run(options, 1));
-  Peer& peer = connected.peers[0];
-  DMA_TRY_ASSIGN(Share share, make_share(peer, 4096, kMaxKeysPerClient, 0, 4242));
-  Tally tally;
-  auto run = [&](std::uint64_t operations) { return dma_gets(peer, share, tally, operations); };
-  auto rss = [&]() -> std::uint64_t {
-    if (connected.server) return connected.server->rss_bytes().value_or(0);
-    return static_cast<std::uint64_t>(peer.plain->info_field("memory", "used_memory_rss").value_or(0));
-  };
-  progress.note("memory check: warm-up of " + std::to_string(count / 10) + " DMA.GETs of 4k");
-  DMA_TRY(run(count / 10));
-  const std::uint64_t before = rss();
-  const auto used_before = peer.plain->info_field("memory", "used_memory").value_or(0);
-  progress.note("memory check: " + std::to_string(count) + " DMA.GETs of 4k");
-  // RSS after each tenth: a leak grows in steps with the count, allocator growth levels off.
-  std::string samples = std::to_string(before >> 10);
-  const auto started = Clock::now();
-  for (std::uint64_t tenth = 0; tenth < 10; ++tenth) {
-    const std::uint64_t chunk = count / 10 + (tenth < count % 10 ? 1 : 0);
-    DMA_TRY(run(chunk));
-    samples += " " + std::to_string(rss() >> 10);
-    progress.note("memory check: " + std::to_string(tenth + 1) + "/10, server RSS KiB: " + samples);
-  }
-  const double seconds = std::chrono::duration<double>(Clock::now() - started).count();
-  const std::uint64_t after = rss();
-  const auto used_after = peer.plain->info_field("memory", "used_memory").value_or(0);
-  std::printf(
-      "memory check (%s): %llu DMA.GETs of 4k in %.1f s (%.0f ops/s), %llu mismatches; "
-      "server RSS %.1f MiB -> %.1f MiB (%+.1f MiB), used_memory %.1f MiB -> %.1f MiB; "
-      "RSS KiB at each tenth: %s\n",
-      options.provider.c_str(), static_cast<unsigned long long>(count), seconds,
-      seconds > 0 ? count / seconds : 0.0, static_cast<unsigned long long>(tally.mismatches),
-      before / 1048576.0, after / 1048576.0,
-      (static_cast<double>(after) - static_cast<double>(before)) / 1048576.0,
-      used_before / 1048576.0, used_after / 1048576.0, samples.c_str());
-  std::fflush(stdout);
-  DMA_TRY(delete_share(peer, share));
-  if (tally.mismatches != 0) {
-    return fail(ErrorCode::kCorrupted, std::to_string(tally.mismatches) + " mismatches");
-  }
-  return {};
 }
 
 }  // namespace dma::bench
