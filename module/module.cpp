@@ -50,6 +50,7 @@
 #include "dma/service.hpp"
 #include "redis_module_api.h"
 #include "state.hpp"
+#include "write.hpp"
 
 namespace dma::module {
 namespace {
@@ -302,6 +303,14 @@ extern "C" __attribute__((visibility("default"))) int RedisModule_OnLoad(RedisMo
                                      on_client_change);
   RedisModule_SubscribeToServerEvent(ctx, RedisModuleEvent{REDISMODULE_EVENT_SHUTDOWN, 1},
                                      on_shutdown);
+  // A full sync's fork or a promotion may give the writes from now on a receiver (write.hpp).
+  for (const std::uint64_t event :
+       {std::uint64_t{REDISMODULE_EVENT_FORK_CHILD},
+        std::uint64_t{REDISMODULE_EVENT_REPLICATION_ROLE_CHANGED}}) {
+    RedisModule_SubscribeToServerEvent(
+        ctx, RedisModuleEvent{event, 1},
+        [](RedisModuleCtx*, RedisModuleEvent, std::uint64_t, void*) { forget_who_receives(); });
+  }
   RedisModule_RegisterInfoFunc(ctx, on_info);
   for (std::size_t index = 0; index < fresh->services->size(); ++index) {
     RedisModule_Log(ctx, "notice", "dma: endpoint %zu: %s", index,

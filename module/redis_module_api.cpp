@@ -53,6 +53,7 @@ void (*RedisModule_LogIOError)(RedisModuleIO*, const char*, const char*, ...) = 
 void (*RedisModule_Free)(void*) = nullptr;
 void* (*RedisModule_TryAlloc)(size_t) = nullptr;
 int (*RedisModule_Replicate)(RedisModuleCtx*, const char*, const char*, ...) = nullptr;
+int (*RedisModule_ReplicateVerbatim)(RedisModuleCtx*) = nullptr;
 int (*RedisModule_SignalModifiedKey)(RedisModuleCtx*, RedisModuleString*) = nullptr;
 int (*RedisModule_NotifyKeyspaceEvent)(RedisModuleCtx*, int, const char*,
                                        RedisModuleString*) = nullptr;
@@ -92,7 +93,7 @@ int redis_module_init(RedisModuleCtx* ctx, const char* name, int version, int ap
       DMA_GET_API(SaveUnsigned) && DMA_GET_API(LoadUnsigned) && DMA_GET_API(SaveStringBuffer) &&
       DMA_GET_API(LoadStringBuffer) && DMA_GET_API(IsIOError) && DMA_GET_API(EmitAOF) &&
       DMA_GET_API(LogIOError) && DMA_GET_API(Free) && DMA_GET_API(TryAlloc) &&
-      DMA_GET_API(Replicate) && DMA_GET_API(SignalModifiedKey) &&
+      DMA_GET_API(Replicate) && DMA_GET_API(ReplicateVerbatim) && DMA_GET_API(SignalModifiedKey) &&
       DMA_GET_API(NotifyKeyspaceEvent) && DMA_GET_API(GetAbsExpire) &&
       DMA_GET_API(SetAbsExpire) && DMA_GET_API(Milliseconds) && DMA_GET_API(SetModuleOptions) &&
       DMA_GET_API(Call) && DMA_GET_API(FreeCallReply) && DMA_GET_API(GetServerInfo) &&

@@ -50,8 +50,10 @@ extern "C" {
 // (WATCH, client-side caching); the module signals each real change itself.
 #define REDISMODULE_OPTION_NO_IMPLICIT_SIGNAL_MODIFIED (1 << 1)
 
+#define REDISMODULE_EVENT_REPLICATION_ROLE_CHANGED 0
 #define REDISMODULE_EVENT_CLIENT_CHANGE 4
 #define REDISMODULE_EVENT_SHUTDOWN 5
+#define REDISMODULE_EVENT_FORK_CHILD 13
 #define REDISMODULE_SUBEVENT_CLIENT_CHANGE_CONNECTED 0
 #define REDISMODULE_SUBEVENT_CLIENT_CHANGE_DISCONNECTED 1
 
@@ -176,6 +178,7 @@ extern void (*RedisModule_Free)(void*);
 // Counted in the server's used_memory (maxmemory, eviction); null when refused. Thread-safe.
 extern void* (*RedisModule_TryAlloc)(size_t);
 extern int (*RedisModule_Replicate)(RedisModuleCtx*, const char*, const char*, ...);
+extern int (*RedisModule_ReplicateVerbatim)(RedisModuleCtx*);
 extern int (*RedisModule_SignalModifiedKey)(RedisModuleCtx*, RedisModuleString*);
 extern int (*RedisModule_NotifyKeyspaceEvent)(RedisModuleCtx*, int, const char*,
                                               RedisModuleString*);

@@ -42,6 +42,9 @@ struct State {
   // What a fork (BGSAVE, AOF rewrite, full resync) means for the arena's registration, found at
   // load (core.hpp, ForkSafety).
   ForkSafety fork_safety = ForkSafety::kNotPinned;
+  // Found that neither replicas nor the AOF would receive a propagated write, and nothing has
+  // happened since that could change it (write.cpp, someone_receives). Main thread only.
+  bool nobody_receives = false;
 };
 extern State* state;
 

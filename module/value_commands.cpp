@@ -156,7 +156,8 @@ int set_command(RedisModuleCtx* ctx, RedisModuleString** argv, int argc) {
   if (Status valid = check_expiry(arguments->options.expiry); !valid) {
     return reply_error(ctx, valid.error());
   }
-  if (!condition_holds(arguments->options.condition, key_exists(ctx, argv[1]))) {
+  if (arguments->options.condition != Condition::kAlways &&
+      !condition_holds(arguments->options.condition, key_exists(ctx, argv[1]))) {
     state->counters.conditions_failed.fetch_add(1, std::memory_order_relaxed);
     return RedisModule_ReplyWithNull(ctx);
   }
@@ -246,7 +247,8 @@ int setplain_command(RedisModuleCtx* ctx, RedisModuleString** argv, int argc) {
         return RedisModule_ReplyWithNull(ctx);
     }
   };
-  if (!condition_holds(options->condition, key_exists(ctx, argv[1]))) {
+  if (options->condition != Condition::kAlways &&
+      !condition_holds(options->condition, key_exists(ctx, argv[1]))) {
     state->counters.conditions_failed.fetch_add(1, std::memory_order_relaxed);
     return options->get ? reply_old_value() : RedisModule_ReplyWithNull(ctx);
   }
@@ -258,7 +260,11 @@ int setplain_command(RedisModuleCtx* ctx, RedisModuleString** argv, int argc) {
                             ", the bytes have " + std::to_string(block->crc()) +
                             "; the key is unchanged"));
   }
-  auto written = write_value(ctx, argv[1], *block, *options, argv[2]);
+  // Already in the form the write is replicated in (write.hpp): handed on as it came.
+  const bool replicable_as_sent = argc == 5 && options->crc &&
+                                  options->expiry.kind == Expiry::Kind::kClear &&
+                                  options->condition == Condition::kAlways && !options->get;
+  auto written = write_value(ctx, argv[1], *block, *options, argv[2], replicable_as_sent);
   if (!written) return refuse(written.error());
   state->counters.plain_sets.fetch_add(1, std::memory_order_relaxed);
   state->counters.bytes_from_clients.fetch_add(value.size(), std::memory_order_relaxed);

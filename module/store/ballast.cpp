@@ -3,6 +3,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdint>
 
 namespace dma::store {
@@ -47,10 +48,14 @@ void Ballast::follow(std::size_t bytes) noexcept {
     }
   }
   // An empty store holds nothing (so used_memory returns exactly where it was).
-  while (!chunks_.empty() && (bytes == 0 || chunks_.size() * chunk_ >= bytes + 2 * chunk_)) {
+  while (!chunks_.empty() && (bytes == 0 || chunks_.size() * chunk_ >= bytes + band(bytes))) {
     allocator_.release(chunks_.back());
     chunks_.pop_back();
   }
+}
+
+std::size_t Ballast::band(std::size_t bytes) const noexcept {
+  return std::max(2 * chunk_, bytes / 32);
 }
 
 std::size_t Ballast::held() const noexcept {

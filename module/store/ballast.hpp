@@ -12,10 +12,13 @@
 // the server counts them, the machine does not pay for them (address space only). Freeing a
 // value frees chunks, so eviction sees used_memory fall by what it freed.
 //
-// Precision: it holds between `bytes` and `bytes` + 2 chunks (the hysteresis keeps a value
-// stored and deleted at a chunk boundary from allocating and freeing a chunk each time), so
-// used_memory over-counts the store by less than two chunks (512 KiB by default), and eviction
-// may free up to that much more than it needed.
+// Precision: it holds between `bytes` and `bytes` + the band, the larger of 2 chunks and 1/32 of
+// `bytes` (the hysteresis keeps a value stored and deleted at a chunk boundary, and a DMA.SET's
+// swap, which allocates the new block before it frees the old, from allocating and freeing
+// chunks each time: with a 2-chunk band, each 1 MiB DMA.SET took and gave back two chunks and
+// their madvise, ~5 us of the main thread). So used_memory over-counts the store by less than
+// 512 KiB (the default chunk) or 1/32 of it, whichever is larger, and eviction may free up to
+// that much more than it needed.
 //
 // Ownership: owns its chunks and releases them in its destructor. Thread-safety: follow() may
 // be called from any thread (the arena calls it wherever a block is freed: a fabric worker when
@@ -43,8 +46,8 @@ class Ballast {
   Ballast(const Ballast&) = delete;
   Ballast& operator=(const Ballast&) = delete;
 
-  // Holds at least `bytes` and less than `bytes` + 2 chunks (or as much as the allocator gave);
-  // nothing for 0.
+  // Holds at least `bytes` and less than `bytes` + band(bytes) (or as much as the allocator
+  // gave); nothing for 0.
   void follow(std::size_t bytes) noexcept;
 
   std::size_t held() const noexcept;
@@ -52,6 +55,8 @@ class Ballast {
   // for less than it takes.
   std::uint64_t refused() const noexcept;
   std::size_t chunk() const noexcept { return chunk_; }
+  // How much it may hold beyond `bytes` before it gives chunks back: 2 chunks or bytes / 32.
+  std::size_t band(std::size_t bytes) const noexcept;
 
  private:
   const Allocator allocator_;
