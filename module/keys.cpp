@@ -31,6 +31,16 @@ bool key_exists(RedisModuleCtx* ctx, RedisModuleString* name) {
 Status set_stored_value(RedisModuleKey* key, const store::Block& block) {
   store::Block for_key = block;
   void* opaque = for_key.release_to_opaque();
+  if (key != nullptr && RedisModule_KeyType(key) == REDISMODULE_KEYTYPE_MODULE &&
+      RedisModule_ModuleTypeGetType(key) == state->value_type) {
+    void* old = nullptr;
+    if (RedisModule_ModuleTypeReplaceValue(key, state->value_type, opaque, &old) ==
+        REDISMODULE_OK) {
+      (void)store::Block::adopt(old);  // the key's reference on the old block goes
+      (void)RedisModule_SetAbsExpire(key, REDISMODULE_NO_EXPIRE);
+      return {};
+    }
+  }
   if (key == nullptr ||
       RedisModule_ModuleTypeSetValue(key, state->value_type, opaque) != REDISMODULE_OK) {
     (void)store::Block::adopt(opaque);

@@ -53,7 +53,9 @@ bool key_exists(RedisModuleCtx* ctx, RedisModuleString* name);
 
 // Makes `block` the value of `key`, opened for writing (a new reference for the key; whatever
 // it held goes, its expiry with it). write.hpp's write_value is the write a command makes; this
-// is only its last step.
+// is only its last step. A stored value is replaced in place (the key's entry and its expiry
+// stay, the expiry then removed here), which spares the server deleting and re-adding the key:
+// ~0.2 us of a 4 KiB DMA.SETPLAIN.
 Status set_stored_value(RedisModuleKey* key, const store::Block& block);
 
 }  // namespace dma::module

@@ -41,6 +41,8 @@ int (*RedisModule_InfoAddFieldCString)(RedisModuleInfoCtx*, const char*, const c
 RedisModuleType* (*RedisModule_CreateDataType)(RedisModuleCtx*, const char*, int,
                                                RedisModuleTypeMethods*) = nullptr;
 int (*RedisModule_ModuleTypeSetValue)(RedisModuleKey*, RedisModuleType*, void*) = nullptr;
+int (*RedisModule_ModuleTypeReplaceValue)(RedisModuleKey*, RedisModuleType*, void*, void**) =
+    nullptr;
 RedisModuleType* (*RedisModule_ModuleTypeGetType)(RedisModuleKey*) = nullptr;
 void* (*RedisModule_ModuleTypeGetValue)(RedisModuleKey*) = nullptr;
 void (*RedisModule_SaveUnsigned)(RedisModuleIO*, uint64_t) = nullptr;
@@ -88,7 +90,7 @@ int redis_module_init(RedisModuleCtx* ctx, const char* name, int version, int ap
       DMA_GET_API(GetBlockedClientPrivateData) && DMA_GET_API(SubscribeToServerEvent) &&
       DMA_GET_API(RegisterInfoFunc) && DMA_GET_API(InfoAddSection) &&
       DMA_GET_API(InfoAddFieldULongLong) && DMA_GET_API(InfoAddFieldCString) &&
-      DMA_GET_API(CreateDataType) && DMA_GET_API(ModuleTypeSetValue) &&
+      DMA_GET_API(CreateDataType) && DMA_GET_API(ModuleTypeSetValue) && DMA_GET_API(ModuleTypeReplaceValue) &&
       DMA_GET_API(ModuleTypeGetType) && DMA_GET_API(ModuleTypeGetValue) &&
       DMA_GET_API(SaveUnsigned) && DMA_GET_API(LoadUnsigned) && DMA_GET_API(SaveStringBuffer) &&
       DMA_GET_API(LoadStringBuffer) && DMA_GET_API(IsIOError) && DMA_GET_API(EmitAOF) &&

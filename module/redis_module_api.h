@@ -165,6 +165,7 @@ extern int (*RedisModule_InfoAddFieldCString)(RedisModuleInfoCtx*, const char*, 
 extern RedisModuleType* (*RedisModule_CreateDataType)(RedisModuleCtx*, const char*, int,
                                                       RedisModuleTypeMethods*);
 extern int (*RedisModule_ModuleTypeSetValue)(RedisModuleKey*, RedisModuleType*, void*);
+extern int (*RedisModule_ModuleTypeReplaceValue)(RedisModuleKey*, RedisModuleType*, void*, void**);
 extern RedisModuleType* (*RedisModule_ModuleTypeGetType)(RedisModuleKey*);
 extern void* (*RedisModule_ModuleTypeGetValue)(RedisModuleKey*);
 extern void (*RedisModule_SaveUnsigned)(RedisModuleIO*, uint64_t);

@@ -131,6 +131,9 @@ TEST_F(ModuleWrites, a_write_clears_the_ttl_unless_keepttl_and_ex_px_exat_pxat_s
     EXPECT_TRUE(ex > 0 && ex <= 100000) << ex;
     const long long px = ttl_after({"PX", "50000"}, plain);
     EXPECT_TRUE(px > 0 && px <= 50000) << px;
+    // A stored value replaced in place (keys.hpp) loses its TTL too.
+    EXPECT_EQ(-1, ttl_after({}, plain)) << "the stored value's TTL survived the write";
+    (void)ttl_after({"PX", "50000"}, plain);
     const long long now = server_seconds(admin);
     const long long exat = ttl_after({"EXAT", std::to_string(now + 100)}, plain);
     EXPECT_TRUE(exat > 0 && exat <= 101000) << exat;

@@ -120,6 +120,14 @@ Result<std::unique_ptr<Arena>> Arena::create(std::size_t capacity, UsageListener
   }
   arena->index_ = index;
   arena->flags_ = MALLOCX_ARENA(index) | MALLOCX_TCACHE_NONE | MALLOCX_ALIGN(kHeader);
+  arena->owner_ = std::this_thread::get_id();
+  arena->owner_flags_ = arena->flags_;
+  unsigned tcache = 0;
+  std::size_t tcache_size = sizeof(tcache);
+  if (::mallctl("tcache.create", &tcache, &tcache_size, nullptr, 0) == 0) {
+    arena->owner_tcache_ = tcache;
+    arena->owner_flags_ = MALLOCX_ARENA(index) | MALLOCX_TCACHE(tcache) | MALLOCX_ALIGN(kHeader);
+  }
   // Decay 0: a freed extent goes straight through jemalloc's purge path, where our hooks refuse
   // every purge, so it lands in the retained set still mapped, committed and registered. Only
   // there does jemalloc coalesce free neighbours (dirty extents wait for decay to merge), so a
@@ -157,6 +165,10 @@ void Arena::prime() noexcept {
 
 Arena::~Arena() {
   if (base_ == nullptr) return;
+  if (owner_tcache_) {  // its cached regions go back to the arena first
+    unsigned tcache = *owner_tcache_;
+    (void)::mallctl("tcache.destroy", nullptr, nullptr, &tcache, sizeof(tcache));
+  }
   (void)::mallctl(arena_control(index_, "destroy").c_str(), nullptr, nullptr, nullptr, 0);
   const std::uintptr_t start = base();
   invalidate(start, start + capacity_);  // before the pages go
@@ -170,8 +182,9 @@ Result<Block> Arena::allocate(std::size_t length) noexcept {
     return fail(ErrorCode::kResourceExhausted, "a value of " + std::to_string(length) +
                                                    " bytes does not fit in the address space");
   }
+  const int flags = flags_here();
   std::unique_lock lock(mutex_);
-  void* memory = ::mallocx(wanted, flags_);
+  void* memory = ::mallocx(wanted, flags);
   if (memory == nullptr) {
     ++refused_;
     const std::size_t in_use = in_use_;
@@ -181,7 +194,7 @@ Result<Block> Arena::allocate(std::size_t length) noexcept {
                     std::to_string(in_use) + " in use) cannot hold a value of " +
                     std::to_string(length) + " bytes");
   }
-  const std::size_t footprint = ::sallocx(memory, flags_);
+  const std::size_t footprint = ::sallocx(memory, flags);
   in_use_ += footprint;
   ++blocks_;
   if (listener_) listener_(in_use_);
@@ -203,8 +216,9 @@ Result<Block> Arena::copy_of(std::span<const std::byte> bytes) noexcept {
 void Arena::free(detail::BlockHeader* header) noexcept {
   const std::size_t footprint = header->footprint;
   header->~BlockHeader();
+  const int flags = flags_here();
   const std::lock_guard lock(mutex_);
-  ::dallocx(header, flags_);
+  ::dallocx(header, flags);
   in_use_ -= footprint;
   --blocks_;
   if (listener_) listener_(in_use_);
