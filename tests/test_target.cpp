@@ -169,26 +169,46 @@ TEST(TargetDoorbell, a_ring_from_our_own_process_wakes_the_target_without_keepin
   target->reset();  // returns only if the destructor's ring woke the hour-long sleep
 }
 
-TEST(TargetDoorbell, an_expected_transfer_keeps_the_target_polling_for_the_window_then_it_sleeps) {
+TEST(TargetExpect, an_expected_transfer_its_progress_serves_keeps_it_polling_for_the_window_then_it_sleeps) {
   // If this fails, a client's DMA.GET over shm waits for its target to be woken by the server's
-  // write (Client::Options::expect_window: the wake-up then overlaps the server's work), or a
-  // target told to expect a transfer polls on past the window, costing the client a core.
-  Target::Options options;
-  options.poll_interval = std::chrono::hours(1);
-  auto target = Target::open(loopback("shm"), {}, options);
-  ASSERT_TRUE(target) << target.error().describe();
-  ASSERT_TRUE(polled_at_least(**target, 0, 1)) << "the progress thread never polled";
-  const auto window = std::chrono::seconds(2);
-  const auto ends = std::chrono::steady_clock::now() + window;
-  (*target)->expect(window);
-  EXPECT_TRUE(polled_at_least(**target, (*target)->progress_polls(), 1000))
-      << "expect() did not wake a target asleep on its doorbell into polling";
-  ASSERT_LT(std::chrono::steady_clock::now(), ends) << "the window ended before the polls were seen";
-  // Past the window: asleep again (at most the poll under way and the one before the sleep).
-  std::this_thread::sleep_until(ends + std::chrono::milliseconds(50));
-  const std::uint64_t asleep = (*target)->progress_polls();
-  std::this_thread::sleep_for(std::chrono::milliseconds(100));
-  EXPECT_LE((*target)->progress_polls(), asleep + 2) << "the target polled on past the window";
+  // write, or its DMA.SET over tcp or net waits for the provider's thread to wake and serve the
+  // read (Client::Options::expect_window: the wake-up then overlaps the server's work); or a
+  // target told to expect a transfer polls on past the window, or for a transfer its progress
+  // does not serve (on tcp and net polling for a write made 1 MiB DMA.GETs slower), costing the
+  // client a core.
+  struct Case {
+    const char* provider;
+    Target::Expected served;
+    Target::Expected not_served;
+  };
+  for (const Case& each : {Case{"shm", Target::Expected::kWrite, Target::Expected::kRead},
+                           Case{"tcp", Target::Expected::kRead, Target::Expected::kWrite},
+                           Case{"net", Target::Expected::kRead, Target::Expected::kWrite}}) {
+    SCOPED_TRACE(each.provider);
+    Target::Options options;
+    options.poll_interval = std::chrono::hours(1);
+    auto target = Target::open(loopback(each.provider), {}, options);
+    ASSERT_TRUE(target) << target.error().describe();
+    ASSERT_TRUE(polled_at_least(**target, 0, 1)) << "the progress thread never polled";
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    const std::uint64_t before = (*target)->progress_polls();
+    EXPECT_FALSE((*target)->expect(each.not_served, std::chrono::seconds(1)));
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    EXPECT_LE((*target)->progress_polls(), before + 2)
+        << "the target polled for a transfer its progress does not serve";
+    const auto window = std::chrono::seconds(1);
+    const auto ends = std::chrono::steady_clock::now() + window;
+    EXPECT_TRUE((*target)->expect(each.served, window));
+    EXPECT_TRUE(polled_at_least(**target, (*target)->progress_polls(), 1000))
+        << "expect() did not wake a sleeping target into polling";
+    ASSERT_LT(std::chrono::steady_clock::now(), ends)
+        << "the window ended before the polls were seen";
+    // Past the window: asleep again (at most the poll under way and the one before the sleep).
+    std::this_thread::sleep_until(ends + std::chrono::milliseconds(50));
+    const std::uint64_t asleep = (*target)->progress_polls();
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    EXPECT_LE((*target)->progress_polls(), asleep + 2) << "the target polled on past the window";
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Providers, TargetProgress, ::testing::Values("tcp", "net", "shm"),

@@ -116,11 +116,13 @@ class DMA_EXPORT Client {
     // from the server they wait for (4 clients on 2 cores: DMA.GET 4 KiB over shm fell from
     // 0.40x to 0.03x of GET; docs/PERFORMANCE.md).
     bool busy_poll = false;
-    // Without busy_poll: how long the target polls on after a DMA.GET is sent, so that on shm
-    // (where the target copies the server's write) the write finds it awake rather than waiting
-    // for it to be woken (Target::expect). 1 MiB DMA.GETs over shm ran 1.4x as many per second
-    // at one client, 1.2x at four (docs/PERFORMANCE.md, "Speed, eighth pass"). Costs up to this
-    // much polling per DMA.GET on a spare core; 0: the target sleeps until the write rings it.
+    // Without busy_poll: how long the target polls on after a DMA command is sent where its
+    // own progress serves the transfer (Target::expect): a DMA.GET's write on shm, so the write
+    // finds it awake rather than waiting for it to be woken (1 MiB DMA.GETs over shm ran 1.4x
+    // as many per second at one client, 1.2x at four; docs/PERFORMANCE.md, "Speed, eighth
+    // pass"), and a DMA.SET's read on tcp and net (1 MiB at one client: 1.50-1.57 of SET against
+    // 1.11-1.46; four clients on two cores lost ~7 %: "Speed, tenth pass"). Costs up to this
+    // much polling per command on a spare core; 0: the target sleeps until it is needed.
     std::chrono::microseconds expect_window{300};
     // Values of at most this many bytes travel in the command or its reply instead of over the
     // fabric (DMA.GET ... INLINE, DMA.SETPLAIN): below it a round trip on the socket is cheaper
@@ -226,8 +228,9 @@ class DMA_EXPORT Client {
   // After a DMA.GET's write into `landing`: waits for it and checks its CRC32C.
   Result<std::optional<std::size_t>> check_landed(const Exposed& landing, std::uint64_t length,
                                                   std::uint32_t crc);
-  // Before a command that makes the server write into our memory: Options::expect_window.
-  void expect_write();
+  // Before a command that makes the server write into (read from) our memory:
+  // Options::expect_window.
+  void expect_transfer(Target::Expected what);
   // A Busy token when busy_poll is on, else an empty one.
   Target::Busy busy();
   // route() for a DMA.GET that advertises `landing`: a failure after the command was sent

@@ -117,12 +117,18 @@ class DMA_EXPORT Target {
   // never share a key. Zero length is an error.
   Result<Exposed> expose(void* data, std::size_t length);
   Busy busy();
-  // A transfer is expected within `window` (the RPC that makes the server write here is being
-  // sent): on shm, whose writes are copied by this target's progress, the progress thread is
-  // woken now and polls on (yielding between polls) until the window ends instead of sleeping,
-  // so the write finds it awake; its wake-up overlaps the server's work. Bounded, unlike a
-  // Busy token. No effect on tcp and net (their own threads move the bytes).
-  void expect(std::chrono::microseconds window);
+  // What a peer is about to do to this target's memory (expect()).
+  enum class Expected : std::uint8_t { kWrite, kRead };
+  // A transfer of that kind is expected within `window` (the RPC that makes the server do it
+  // is being sent). Where this target's own progress serves it, the progress thread is woken
+  // now and polls on (yielding between polls) until the window ends instead of sleeping, so its
+  // wake-up overlaps the server's work: a write on shm (this target copies it), a read on tcp
+  // and net (a poll drives the provider's progress here, ahead of the provider thread's own
+  // wake-up: a 1 MiB DMA.SET at one client ran at 1.50-1.57 of SET against 1.11-1.46). Nothing
+  // happens otherwise: an shm read is copied by the initiator, and on tcp and net 1 MiB
+  // DMA.GETs whose writes were polled for ran slower (docs/PERFORMANCE.md, "Speed, tenth
+  // pass"). Bounded, unlike a Busy token. Returns whether the target polls for it.
+  bool expect(Expected what, std::chrono::microseconds window);
   // How many times the progress thread has polled the provider (diagnostics, tests).
   std::uint64_t progress_polls() const noexcept;
   // Inserts an initiator's (server's) address into this target's address vector. efa-direct

@@ -87,8 +87,9 @@ class Client(_dma.Client):
     ``provider``/``providers`` must match the server's (default "tcp"); ``config`` is a TOML file
     (dma::Configuration::load) the other arguments override; ``timeout`` (seconds) bounds every
     round trip, the transfer included. ``expect_window`` (seconds, 0 = off) is how long the
-    client's target polls after a DMA.GET that may write into it is sent (dma::Client::Options):
-    on shm the write's copy then runs at once instead of after the target's next wake-up.
+    client's target polls after a command whose transfer its own progress serves is sent
+    (dma::Client::Options): a DMA.GET's write on shm, whose copy then runs at once instead of
+    after the target's next wake-up, and a DMA.SET's read on tcp and net.
     """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:

@@ -105,9 +105,9 @@ Client::Client(redisContext* connection, std::string name, std::unique_ptr<Targe
 
 Target::Busy Client::busy() { return busy_poll_ ? target_->busy() : Target::Busy(); }
 
-void Client::expect_write() {
-  // On shm our target copies the server's write: awake when it comes (Options::expect_window).
-  if (!busy_poll_ && expect_window_.count() > 0) target_->expect(expect_window_);
+void Client::expect_transfer(Target::Expected what) {
+  // Awake when it comes, where our target's progress serves it (Options::expect_window).
+  if (!busy_poll_ && expect_window_.count() > 0) (void)target_->expect(what, expect_window_);
 }
 
 // The connections close first (servers drop the sessions), then the target, then what failed
@@ -338,7 +338,7 @@ Result<std::optional<Client::Answer>> Client::get_inline(std::string_view key, s
   if (landing != nullptr) arguments = with_region(std::move(arguments), *landing);
   // Only a transfer into `landing` needs the target's progress before the reply, and only a
   // value larger than `most` (so only a landing larger than it) travels that way.
-  if (landing != nullptr && landing->length() > most) expect_write();
+  if (landing != nullptr && landing->length() > most) expect_transfer(Target::Expected::kWrite);
   auto reply = landing != nullptr ? route_landing(key, arguments, *landing)
                                   : route(key, arguments, /*transfers=*/false);
   if (!reply) return fail(std::move(reply).error());
@@ -478,7 +478,7 @@ Result<std::optional<std::size_t>> Client::get(std::string_view key, const Expos
     return check_landed(landing, answer->length, answer->crc);
   }
   // The server writes into `landing` before replying.
-  expect_write();
+  expect_transfer(Target::Expected::kWrite);
   DMA_TRY_ASSIGN(const auto reply,
                  route_landing(key, with_region({"DMA.GET", std::string(key)}, landing), landing));
   if (reply->type == REDIS_REPLY_NIL) return std::optional<std::size_t>();
@@ -524,6 +524,7 @@ Status Client::set(std::string_view key, const Exposed& value, std::size_t lengt
   target_->synchronize();  // the caller's writes to the buffer before the server's read
   const std::uint32_t crc = crc32c(std::span<const std::byte>(value.data(), length));
   // The server reads `value` before replying.
+  expect_transfer(Target::Expected::kRead);
   auto reply = route(key,
                      with_region({"DMA.SET", std::string(key), std::to_string(length), "CRC",
                                   std::to_string(crc)},

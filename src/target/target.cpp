@@ -51,6 +51,8 @@ struct Target::Impl {
   std::atomic<int> callers{0};  // callers waiting for or holding `mutex`
   std::atomic<std::uint32_t> own_rings{0};  // rings of our own doorbell by this process
   std::atomic<std::int64_t> expect_until_ns{0};  // Target::expect: poll on until then
+  bool polls_for_writes = false;  // Target::expect: whose progress serves which transfers
+  bool polls_for_reads = false;
   std::atomic<std::uint64_t> polls{0};
   std::mutex sleep_mutex;
   std::condition_variable wake;
@@ -81,6 +83,11 @@ struct Target::Impl {
 
   bool spinning() const noexcept {
     return options.poll_interval.count() == 0 || busy.load(std::memory_order_seq_cst) > 0;
+  }
+  // Within a Target::expect window.
+  bool expecting() const noexcept {
+    const std::int64_t until = expect_until_ns.load(std::memory_order_acquire);
+    return until != 0 && std::chrono::steady_clock::now().time_since_epoch().count() < until;
   }
 
   void run() {
@@ -125,10 +132,15 @@ struct Target::Impl {
       bool woken = false;
       if (mark) {
         woken = rest_by_doorbell(lock, doorbell, idle);
+      } else if (expecting()) {
+        // tcp, net: polling drives the provider's progress here, ahead of its own thread's
+        // wake-up (Target::expect).
+        std::this_thread::yield();
+        woken = true;
       } else {
         std::unique_lock sleeping(sleep_mutex);
         woken = wake.wait_for(sleeping, idle, [&] {
-          return !running.load(std::memory_order_acquire) || spinning();
+          return !running.load(std::memory_order_acquire) || spinning() || expecting();
         });
       }
       idle = woken ? options.poll_interval : std::min(idle * 2, most_idle);
@@ -253,6 +265,9 @@ Result<std::unique_ptr<Target>> Target::open(const Configuration& configuration,
                                                 internal::DomainOwner::any_thread()));
   impl->address = impl->endpoint->local_address();
   impl->mark = internal::LivenessMark::create(impl->address);
+  const std::string& provider = impl->endpoint->describe().provider;
+  impl->polls_for_writes = provider == "shm";
+  impl->polls_for_reads = provider == "tcp;ofi_rxm" || provider == "net";
   impl->options = options;
   Impl* raw = impl.get();
   try {
@@ -327,12 +342,19 @@ Target::Busy Target::busy() {
   return Busy(this);
 }
 
-void Target::expect(std::chrono::microseconds window) {
+bool Target::expect(Expected what, std::chrono::microseconds window) {
+  if (what == Expected::kWrite ? !impl_->polls_for_writes : !impl_->polls_for_reads) return false;
   const auto until = std::chrono::steady_clock::now() + window;
   impl_->expect_until_ns.store(
       std::chrono::duration_cast<std::chrono::nanoseconds>(until.time_since_epoch()).count(),
       std::memory_order_release);
-  impl_->ring_own();
+  if (impl_->mark) {
+    impl_->ring_own();
+  } else {
+    { std::lock_guard lock(impl_->sleep_mutex); }  // as busy(): the wake cannot fall between
+    impl_->wake.notify_all();                      // the sleeper's check and its wait
+  }
+  return true;
 }
 
 std::uint64_t Target::progress_polls() const noexcept {
