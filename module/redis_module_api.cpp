@@ -90,8 +90,9 @@ int redis_module_init(RedisModuleCtx* ctx, const char* name, int version, int ap
       DMA_GET_API(GetBlockedClientPrivateData) && DMA_GET_API(SubscribeToServerEvent) &&
       DMA_GET_API(RegisterInfoFunc) && DMA_GET_API(InfoAddSection) &&
       DMA_GET_API(InfoAddFieldULongLong) && DMA_GET_API(InfoAddFieldCString) &&
-      DMA_GET_API(CreateDataType) && DMA_GET_API(ModuleTypeSetValue) && DMA_GET_API(ModuleTypeReplaceValue) &&
-      DMA_GET_API(ModuleTypeGetType) && DMA_GET_API(ModuleTypeGetValue) &&
+      DMA_GET_API(CreateDataType) && DMA_GET_API(ModuleTypeSetValue) &&
+      DMA_GET_API(ModuleTypeReplaceValue) && DMA_GET_API(ModuleTypeGetType) &&
+      DMA_GET_API(ModuleTypeGetValue) &&
       DMA_GET_API(SaveUnsigned) && DMA_GET_API(LoadUnsigned) && DMA_GET_API(SaveStringBuffer) &&
       DMA_GET_API(LoadStringBuffer) && DMA_GET_API(IsIOError) && DMA_GET_API(EmitAOF) &&
       DMA_GET_API(LogIOError) && DMA_GET_API(Free) && DMA_GET_API(TryAlloc) &&
