@@ -10,7 +10,8 @@
 // polls without sleeping, yielding the CPU between polls; otherwise it polls every
 // `poll_interval` and sleeps in between, longer and longer while nothing happens, up to 10 ms,
 // so an idle target costs next to nothing (no transfer waits for those polls: on tcp and net
-// the provider's own progress thread moves the bytes, on shm the doorbell below). A zero interval
+// the provider's own progress thread moves the bytes, on shm the doorbell below), except within
+// an expect() window, when it polls, yielding, for the kind of transfer announced. A zero interval
 // spins without any syscall, for a target with a core of its own. On shm, where the target's
 // own progress copies every write and read, it sleeps on a doorbell that our FabricService
 // rings after each post (at most poll_interval, for initiators that do not ring), so a
