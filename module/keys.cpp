@@ -28,6 +28,10 @@ bool key_exists(RedisModuleCtx* ctx, RedisModuleString* name) {
   return key && RedisModule_KeyType(key.get()) != REDISMODULE_KEYTYPE_EMPTY;
 }
 
+bool condition_holds_now(RedisModuleCtx* ctx, Condition condition, RedisModuleString* name) {
+  return condition == Condition::kAlways || condition_holds(condition, key_exists(ctx, name));
+}
+
 Status set_stored_value(RedisModuleKey* key, const store::Block& block) {
   store::Block for_key = block;
   void* opaque = for_key.release_to_opaque();

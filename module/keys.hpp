@@ -9,6 +9,7 @@
 #include <span>
 #include <string_view>
 
+#include "core.hpp"
 #include "dma/result.hpp"
 #include "redis_module_api.h"
 #include "store/arena.hpp"
@@ -50,6 +51,8 @@ HeldValue held_by(RedisModuleKey* key);
 
 // Whether `name` holds anything now (an expired key is gone: opening it expires it).
 bool key_exists(RedisModuleCtx* ctx, RedisModuleString* name);
+// Whether NX/XX (`condition`) holds for `name` now; the key is opened only if one was given.
+bool condition_holds_now(RedisModuleCtx* ctx, Condition condition, RedisModuleString* name);
 
 // Makes `block` the value of `key`, opened for writing (a new reference for the key; whatever
 // it held goes, its expiry with it). write.hpp's write_value is the write a command makes; this

@@ -156,8 +156,7 @@ int set_command(RedisModuleCtx* ctx, RedisModuleString** argv, int argc) {
   if (Status valid = check_expiry(arguments->options.expiry); !valid) {
     return reply_error(ctx, valid.error());
   }
-  if (arguments->options.condition != Condition::kAlways &&
-      !condition_holds(arguments->options.condition, key_exists(ctx, argv[1]))) {
+  if (!condition_holds_now(ctx, arguments->options.condition, argv[1])) {
     state->counters.conditions_failed.fetch_add(1, std::memory_order_relaxed);
     return RedisModule_ReplyWithNull(ctx);
   }
@@ -247,8 +246,7 @@ int setplain_command(RedisModuleCtx* ctx, RedisModuleString** argv, int argc) {
         return RedisModule_ReplyWithNull(ctx);
     }
   };
-  if (options->condition != Condition::kAlways &&
-      !condition_holds(options->condition, key_exists(ctx, argv[1]))) {
+  if (!condition_holds_now(ctx, options->condition, argv[1])) {
     state->counters.conditions_failed.fetch_add(1, std::memory_order_relaxed);
     return options->get ? reply_old_value() : RedisModule_ReplyWithNull(ctx);
   }

@@ -121,10 +121,11 @@ struct Target::Impl {
       // syscall; a condition variable's wait, even for zero time, is a futex round trip).
       if (options.poll_interval.count() == 0) continue;
       lock.unlock();
-      // Busy: poll again at once, but yield the CPU in between. Several clients each waiting
-      // for a reply on a small machine would otherwise spin the server they wait for off the
-      // cores (measured: 4 clients on 2 cores, DMA.GET 4 KiB fell to 0.03x of GET).
-      if (busy.load(std::memory_order_acquire) > 0) {
+      // Busy, or within an expect() window: poll again at once, but yield the CPU in between.
+      // Several clients each waiting for a reply on a small machine would otherwise spin the
+      // server they wait for off the cores (measured: 4 clients on 2 cores, DMA.GET 4 KiB fell
+      // to 0.03x of GET).
+      if (busy.load(std::memory_order_acquire) > 0 || expecting()) {
         idle = options.poll_interval;
         std::this_thread::yield();
         continue;
@@ -132,11 +133,6 @@ struct Target::Impl {
       bool woken = false;
       if (mark) {
         woken = rest_by_doorbell(lock, doorbell, idle);
-      } else if (expecting()) {
-        // tcp, net: polling drives the provider's progress here, ahead of its own thread's
-        // wake-up (Target::expect).
-        std::this_thread::yield();
-        woken = true;
       } else {
         std::unique_lock sleeping(sleep_mutex);
         woken = wake.wait_for(sleeping, idle, [&] {
@@ -166,7 +162,16 @@ struct Target::Impl {
     return rang;
   }
 
-  // Wakes the progress thread from a doorbell sleep (a Busy token, the destructor).
+  // Wakes the progress thread from either sleep (a Busy token, an expect() window): under
+  // sleep_mutex, so the wake cannot fall between its check and its wait; a doorbell sleep is
+  // woken by a ring.
+  void wake_progress() {
+    { std::lock_guard lock(sleep_mutex); }
+    wake.notify_all();
+    ring_own();
+  }
+
+  // Wakes the progress thread from a doorbell sleep (wake_progress, the destructor).
   void ring_own() {
     if (!mark) return;
     own_rings.fetch_add(1, std::memory_order_seq_cst);
@@ -182,8 +187,7 @@ struct Target::Impl {
                         std::chrono::microseconds interval) {
     const auto now = std::chrono::steady_clock::now();
     if (peer_rang(doorbell)) doorbell.linger_until = now + kDoorbellLinger;
-    if (now < doorbell.linger_until ||
-        now.time_since_epoch().count() < expect_until_ns.load(std::memory_order_acquire)) {
+    if (now < doorbell.linger_until) {
       std::this_thread::yield();
       return true;
     }
@@ -193,7 +197,9 @@ struct Target::Impl {
     lock.lock();
     poll_locked();
     lock.unlock();
-    const bool stay_awake = !running.load(std::memory_order_seq_cst) || spinning();
+    // A Busy token or an expect() window that came after the loop's check rang before this
+    // sleep: the sleep must not start.
+    const bool stay_awake = !running.load(std::memory_order_seq_cst) || spinning() || expecting();
     mark->sleep(seen, stay_awake ? std::chrono::nanoseconds(0) : interval);
     if (peer_rang(doorbell)) {
       doorbell.linger_until = std::chrono::steady_clock::now() + kDoorbellLinger;
@@ -332,13 +338,8 @@ void Target::synchronize() {
 }
 
 Target::Busy Target::busy() {
-  if (impl_->busy.fetch_add(1, std::memory_order_seq_cst) == 0) {
-    // The first token: wake the progress thread if it sleeps (under sleep_mutex, so the wake
-    // cannot fall between its check and its wait; a doorbell sleep is woken by a ring).
-    { std::lock_guard lock(impl_->sleep_mutex); }
-    impl_->wake.notify_all();
-    impl_->ring_own();
-  }
+  // The first token wakes the progress thread if it sleeps.
+  if (impl_->busy.fetch_add(1, std::memory_order_seq_cst) == 0) impl_->wake_progress();
   return Busy(this);
 }
 
@@ -348,12 +349,7 @@ bool Target::expect(Expected what, std::chrono::microseconds window) {
   impl_->expect_until_ns.store(
       std::chrono::duration_cast<std::chrono::nanoseconds>(until.time_since_epoch()).count(),
       std::memory_order_release);
-  if (impl_->mark) {
-    impl_->ring_own();
-  } else {
-    { std::lock_guard lock(impl_->sleep_mutex); }  // as busy(): the wake cannot fall between
-    impl_->wake.notify_all();                      // the sleeper's check and its wait
-  }
+  impl_->wake_progress();
   return true;
 }
 
