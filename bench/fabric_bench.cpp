@@ -179,8 +179,11 @@ Status ours_round(Bench& bench, std::size_t size, std::size_t depth, std::size_t
   if (side != nullptr) round.reserve(std::max<std::size_t>(1 << 16, 4'000'000 * duration.count() / 1'000'000'000));
   if (bench.rss_before == 0) bench.rss_before = resident_bytes();
   OursRun run;
+  double cpu = 0;
   DMA_TRY(with_frozen(bench.raw_target, [&]() -> Status {
+    const double cpu_before = process_cpu_seconds();
     DMA_TRY_ASSIGN(run, bench.ours->run_window(job, side != nullptr ? round : discard));
+    cpu = process_cpu_seconds() - cpu_before;
     return {};
   }));
   bench.rss_after = resident_bytes();
@@ -202,6 +205,7 @@ Status ours_round(Bench& bench, std::size_t size, std::size_t depth, std::size_t
   m.mismatches += verified ? 0 : 1;
   side->allocations += run.allocations;
   m.eagain = m.eagain.value_or(0) + run.eagain;
+  m.cpu_seconds = m.cpu_seconds.value_or(0) + cpu;
   side->samples.merge(round);
   return {};
 }
@@ -222,8 +226,11 @@ Status raw_round(Bench& bench, std::size_t size, std::size_t depth, std::size_t 
   LatencySamples round;
   round.reserve(side != nullptr ? std::max<std::size_t>(1 << 16, 4'000'000 * duration.count() / 1'000'000'000) : 0);
   RawRun run;
+  double cpu = 0;
   DMA_TRY(with_frozen(bench.ours_target, [&]() -> Status {
+    const double cpu_before = process_cpu_seconds();
     DMA_TRY_ASSIGN(run, run_raw_window(*bench.raw, job, round));
+    cpu = process_cpu_seconds() - cpu_before;
     return {};
   }));
   bench.raw_slot = run.next_slot;
@@ -240,6 +247,7 @@ Status raw_round(Bench& bench, std::size_t size, std::size_t depth, std::size_t 
   m.seconds += run.seconds;
   m.mismatches += verified ? 0 : 1;
   m.eagain = m.eagain.value_or(0) + run.eagain;
+  m.cpu_seconds = m.cpu_seconds.value_or(0) + cpu;
   side->samples.merge(round);
   return {};
 }
@@ -470,7 +478,8 @@ void add_fabric_commands(CLI::App& app, int* status) {
         std::printf(" %s/d%zu %.2f/%.2f", format_size(row.size).c_str(), row.depth.value_or(0),
                     per_op(row.ours), per_op(row.baseline));
       }
-      std::printf("\ninitiator RSS: %.1f MiB before our first window, %.1f MiB after our last "
+      std::printf("\n%s", cpu_lines(run->cases, "initiator").c_str());
+      std::printf("initiator RSS: %.1f MiB before our first window, %.1f MiB after our last "
                   "(includes the latency sample buffers)\n",
                   run->rss_before_bytes / 1048576.0, run->rss_after_bytes / 1048576.0);
     }

@@ -176,14 +176,19 @@ void verify_share(Peer& peer, Keys& keys, Share& share, Tally& tally) {
 }
 
 // Runs `kind` on every client at once for `slice` (each client at least one operation); returns
-// the seconds from the common start to the slowest client's last operation.
+// the seconds from the common start to the slowest client's last operation. With `probe` (a
+// connection no client uses meanwhile) the side is charged the server's CPU and this process's
+// over the same window: from the start to the last client's last operation, before the SET
+// read-back.
 double run_phase(Kind kind, bool get, std::span<Peer> peers, std::span<Share> shares,
-                 std::chrono::nanoseconds slice, Side& side) {
+                 std::chrono::nanoseconds slice, Side& side, RedisConnection* probe = nullptr) {
   const std::size_t count = shares.size();
   std::vector<Tally> tallies(count);
   for (auto& tally : tallies) tally.samples.reserve(kSamplesPerThread);
   std::vector<Clock::time_point> last_done(count);
   std::latch ready(static_cast<std::ptrdiff_t>(count + 1));
+  std::latch looped(static_cast<std::ptrdiff_t>(count));  // every client's loop is over
+  std::latch resume(1);                                   // the CPU has been read after it
   std::atomic<Clock::rep> start_ticks{0};
   std::vector<std::thread> threads;
   threads.reserve(count);
@@ -196,14 +201,34 @@ double run_phase(Kind kind, bool get, std::span<Peer> peers, std::span<Share> sh
         if (!one_operation(kind, get, peers[client], shares[client], tallies[client])) break;
       } while (Clock::now() < deadline);
       last_done[client] = Clock::now();
+      looped.count_down();
+      resume.wait();
       if (!get) {
         verify_share(peers[client], shares[client].keys(kind), shares[client], tallies[client]);
       }
     });
   }
+  std::optional<double> server_before;
+  double client_before = 0;
+  if (probe != nullptr) {
+    auto read = server_cpu_seconds(*probe);
+    if (read) server_before = *read;
+    client_before = process_cpu_seconds();
+  }
   const auto started = Clock::now();
   start_ticks.store(started.time_since_epoch().count());
   ready.arrive_and_wait();
+  looped.wait();
+  if (probe != nullptr) {
+    const double client_after = process_cpu_seconds();
+    auto server_after = server_cpu_seconds(*probe);
+    Measurement& m = side.measurement;
+    m.client_cpu_seconds = m.client_cpu_seconds.value_or(0) + (client_after - client_before);
+    if (server_before && server_after) {
+      m.cpu_seconds = m.cpu_seconds.value_or(0) + (*server_after - *server_before);
+    }
+  }
+  resume.count_down();
   for (auto& thread : threads) thread.join();
   // The window ends with the slowest client's last operation; the SET read-back is outside it.
   const auto ended = *std::max_element(last_done.begin(), last_done.end());
@@ -260,6 +285,22 @@ Status delete_share(Peer& peer, const Share& share) {
   return {};
 }
 
+// The server's CPU seconds so far, user + system over all its threads (INFO cpu: getrusage).
+Result<double> server_cpu_seconds(RedisConnection& connection) {
+  DMA_TRY_ASSIGN(auto reply, connection.command({"INFO", "cpu"}));
+  const std::string text((*reply).str, (*reply).len);
+  double total = 0;
+  int found = 0;
+  for (const char* field : {"used_cpu_sys:", "used_cpu_user:"}) {
+    const std::size_t at = text.find(field);
+    if (at == std::string::npos) continue;
+    total += std::strtod(text.c_str() + at + std::strlen(field), nullptr);
+    ++found;
+  }
+  if (found != 2) return fail(ErrorCode::kInvalidArgument, "INFO cpu has no used_cpu_sys/user");
+  return total;
+}
+
 Measurement finish(Side& side, double seconds) {
   Measurement result = side.measurement;
   result.seconds = seconds;
@@ -270,7 +311,8 @@ Measurement finish(Side& side, double seconds) {
 
 // One (op, size, clients) case: DMA against plain, interleaved in rounds.
 Result<Case> run_case(const RedisOptions& options, const std::string& op, std::size_t size,
-                      std::size_t clients, std::span<Peer> all_peers, Progress& progress) {
+                      std::size_t clients, std::span<Peer> all_peers, RedisConnection& probe,
+                      Progress& progress) {
   const bool get = op == "get";
   Case row;
   row.mode = "redis";
@@ -315,7 +357,7 @@ Result<Case> run_case(const RedisOptions& options, const std::string& op, std::s
       Measurement& this_round = kind == Kind::kDma ? dma_round : plain_round;
       const std::uint64_t operations = side.measurement.operations;
       const std::uint64_t bytes = side.measurement.bytes;
-      this_round.seconds = run_phase(kind, get, peers, shares, slice, side);
+      this_round.seconds = run_phase(kind, get, peers, shares, slice, side, &probe);
       this_round.operations = side.measurement.operations - operations;
       this_round.bytes = side.measurement.bytes - bytes;
       (kind == Kind::kDma ? dma_seconds : plain_seconds) += this_round.seconds;
@@ -394,6 +436,7 @@ Result<Connected> connect_run(const RedisOptions& options, std::size_t count) {
   }
   DMA_TRY_ASSIGN(connected.peers,
                  connect_peers(host, port, options, count));
+  DMA_TRY_ASSIGN(connected.probe, RedisConnection::open(host, port, kReplyTimeout));
   return connected;
 }
 
@@ -417,7 +460,8 @@ Result<std::vector<Case>> run_redis(const RedisOptions& options, Progress& progr
     for (const std::size_t size : options.sizes) {
       for (const std::size_t clients : options.clients) {
         DMA_TRY_ASSIGN(Case row,
-                       run_case(options, op, size, clients, connected.peers, progress));
+                       run_case(options, op, size, clients, connected.peers, *connected.probe,
+                                progress));
         rows.push_back(std::move(row));
       }
     }

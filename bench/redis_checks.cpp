@@ -17,22 +17,6 @@ using namespace redis;
 
 namespace {
 
-// The server's CPU seconds so far, user + system over all its threads (INFO cpu: getrusage).
-Result<double> server_cpu_seconds(RedisConnection& connection) {
-  DMA_TRY_ASSIGN(auto reply, connection.command({"INFO", "cpu"}));
-  const std::string text((*reply).str, (*reply).len);
-  double total = 0;
-  int found = 0;
-  for (const char* field : {"used_cpu_sys:", "used_cpu_user:"}) {
-    const std::size_t at = text.find(field);
-    if (at == std::string::npos) continue;
-    total += std::strtod(text.c_str() + at + std::strlen(field), nullptr);
-    ++found;
-  }
-  if (found != 2) return fail(ErrorCode::kInvalidArgument, "INFO cpu has no used_cpu_sys/user");
-  return total;
-}
-
 // `operations` DMA.GETs on one client; the first failure ends them.
 Status dma_gets(Peer& peer, Share& share, Tally& tally, std::uint64_t operations) {
   for (std::uint64_t done = 0; done < operations; ++done) {

@@ -110,12 +110,15 @@ bool one_operation(Kind kind, bool get, Peer& peer, Share& share, Tally& tally);
 Result<Share> make_share(Peer& peer, std::size_t size, std::size_t keys, std::size_t client,
                          std::uint32_t seed);
 Status delete_share(Peer& peer, const Share& share);
+// The server's CPU seconds so far, user + system over all its threads (INFO cpu: getrusage).
+Result<double> server_cpu_seconds(RedisConnection& connection);
 
 // What a run talks to: the server started here (none with --host) and `count` peers connected
 // to it. Declaration order: the peers disconnect before the server stops.
 struct Connected {
   std::unique_ptr<RedisServer> server;
   std::vector<Peer> peers;
+  std::unique_ptr<RedisConnection> probe;  // asks for the server's CPU between phases
 };
 // Starts the server (unless options.host names one) and connects `count` peers to it.
 Result<Connected> connect_run(const RedisOptions& options, std::size_t count);

@@ -1,5 +1,6 @@
 #include "report.hpp"
 
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -39,6 +40,13 @@ void add_measurement(nlohmann::ordered_json& out, const Measurement& m) {
   out["mismatches"] = m.mismatches;
   if (m.allocations_per_op) out["allocations_per_op"] = rounded(*m.allocations_per_op, 3);
   if (m.eagain) out["eagain"] = *m.eagain;
+  if (m.cpu_seconds && m.operations > 0) {
+    out["cpu_us_per_op"] = rounded(*m.cpu_seconds * 1e6 / static_cast<double>(m.operations), 2);
+  }
+  if (m.client_cpu_seconds && m.operations > 0) {
+    out["client_cpu_us_per_op"] =
+        rounded(*m.client_cpu_seconds * 1e6 / static_cast<double>(m.operations), 2);
+  }
 }
 
 std::string count_column(const Case& row) {
@@ -193,6 +201,57 @@ std::string to_table(const std::vector<Case>& rows) {
   return out;
 }
 
+std::string cpu_lines(const std::vector<Case>& rows, const std::string& who) {
+  const auto per_op = [](const std::optional<double>& cpu, const Measurement& m) {
+    return fixed(cpu && m.operations > 0 ? *cpu * 1e6 / static_cast<double>(m.operations) : 0.0,
+                 2);
+  };
+  std::string out;
+  const auto line = [&](const std::string& name, auto field) {
+    std::string text;
+    for (const Case& row : rows) {
+      if (!(row.ours.*field) && !(row.baseline.*field)) continue;
+      text += " " + row.op + " " + format_size(row.size) + "/" + count_column(row) + " " +
+              per_op(row.ours.*field, row.ours) + "/" + per_op(row.baseline.*field, row.baseline);
+    }
+    if (!text.empty()) {
+      out += name + " CPU per completed op, us (ours/baseline; user + system, every thread):" +
+             text + "\n";
+    }
+  };
+  line(who, &Measurement::cpu_seconds);
+  line("client", &Measurement::client_cpu_seconds);
+  return out;
+}
+
+std::string cpu_markdown(const std::vector<Case>& rows, const std::string& who) {
+  const auto per_op = [](const std::optional<double>& cpu, const Measurement& m) -> std::string {
+    if (!cpu || m.operations == 0) return "-";
+    return fixed(*cpu * 1e6 / static_cast<double>(m.operations), 1);
+  };
+  bool clients = false;
+  bool any = false;
+  for (const Case& row : rows) {
+    any = any || row.ours.cpu_seconds || row.baseline.cpu_seconds;
+    clients = clients || row.ours.client_cpu_seconds || row.baseline.client_cpu_seconds;
+  }
+  if (!any) return "";
+  std::string out = "| provider | op | size | depth/clients | " + who + " ours | " + who +
+                    " baseline |" + (clients ? " clients ours | clients baseline |" : "") +
+                    "\n|---|---|---:|---:|---:|---:|" + (clients ? "---:|---:|" : "") + "\n";
+  for (const Case& row : rows) {
+    out += "| " + row.provider + " | " + row.op + " | " + format_size(row.size) + " | " +
+           count_column(row) + " | " + per_op(row.ours.cpu_seconds, row.ours) + " | " +
+           per_op(row.baseline.cpu_seconds, row.baseline) + " |";
+    if (clients) {
+      out += " " + per_op(row.ours.client_cpu_seconds, row.ours) + " | " +
+             per_op(row.baseline.client_cpu_seconds, row.baseline) + " |";
+    }
+    out += "\n";
+  }
+  return out;
+}
+
 std::string to_markdown(const std::vector<Case>& rows) {
   std::string out =
       "| mode | provider | op | size | depth/clients | ours ops/s | ours GB/s | ours p50 us | "
@@ -239,6 +298,15 @@ Progress::~Progress() {
     std::fprintf(stderr, "\r\033[K");
     std::fflush(stderr);
   }
+}
+
+double process_cpu_seconds() {
+  rusage usage{};
+  ::getrusage(RUSAGE_SELF, &usage);
+  const auto seconds = [](const timeval& t) {
+    return static_cast<double>(t.tv_sec) + static_cast<double>(t.tv_usec) / 1e6;
+  };
+  return seconds(usage.ru_utime) + seconds(usage.ru_stime);
 }
 
 }  // namespace dma::bench

@@ -51,6 +51,12 @@ struct Measurement {
   std::optional<double> allocations_per_op;
   // Posts the provider refused with -FI_EAGAIN in the timed window, when the mode counts them.
   std::optional<std::uint64_t> eagain;
+  // CPU seconds (user + system, every thread of the process) spent in the timed windows, when
+  // the mode measures them: the fabric rows' initiator process, whose one side runs at a time;
+  // the Redis rows' server (INFO cpu), and in client_cpu_seconds the benchmark's own process,
+  // all its clients' threads (dma::Client's progress threads included).
+  std::optional<double> cpu_seconds;
+  std::optional<double> client_cpu_seconds;
   double ops_per_s() const { return seconds > 0 ? operations / seconds : 0; }
   double gbps() const { return seconds > 0 ? bytes / seconds / 1e9 : 0; }
 };
@@ -96,6 +102,12 @@ nlohmann::ordered_json to_json(const Case& row);
 std::string to_table(const std::vector<Case>& rows);
 // A GitHub Markdown table (header included).
 std::string to_markdown(const std::vector<Case>& rows);
+// The CPU each side spent per completed operation, one line per measured process ("" when no
+// row measured any): `who` names what cpu_seconds measured (the fabric rows' initiator, the
+// Redis rows' server); the Redis rows' clients get a line of their own.
+std::string cpu_lines(const std::vector<Case>& rows, const std::string& who);
+// The same as a markdown table, one row per case that measured it ("" when none did).
+std::string cpu_markdown(const std::vector<Case>& rows, const std::string& who);
 
 // A single-line progress display on stderr ("\r" updates); silent when stderr is not a
 // terminal unless forced, so logs stay readable.
@@ -115,5 +127,8 @@ class Progress {
   bool terminal_;
   bool force_;
 };
+
+// This process's CPU time so far, user + system over all its threads (getrusage(2)).
+double process_cpu_seconds();
 
 }  // namespace dma::bench

@@ -219,6 +219,12 @@ void add_standard_command(CLI::App& app, int* status) {
                  "--ops get,set --duration "
               << a.duration_s << "` for P in tcp, shm (redis-server 7 with the module, loopback).\n\n"
               << to_markdown(redis_rows);
+      if (const std::string cpu = cpu_markdown(redis_rows, "server"); !cpu.empty()) {
+        section << "\nCPU per completed operation, us, in the same windows (user + system, every "
+                   "thread): the server's (INFO cpu), and the clients' (this benchmark's process, "
+                   "dma::Client's progress threads included).\n\n"
+                << cpu;
+      }
     }
     if (fabric) {
       section << "\n### Fabric: FabricService against raw libfabric\n\n"
@@ -227,6 +233,12 @@ void add_standard_command(CLI::App& app, int* status) {
               << a.duration_s << (std::thread::hardware_concurrency() >= 2 ? " --pin" : "")
               << "` for P in tcp, net, shm and O in write, read.\n\n"
               << to_markdown(fabric_rows);
+      if (const std::string cpu = cpu_markdown(fabric_rows, "initiator"); !cpu.empty()) {
+        section << "\nCPU per completed operation, us, in the same windows (user + system, every "
+                   "thread of the initiator's process; the targets run in processes of their "
+                   "own).\n\n"
+                << cpu;
+      }
     }
     section << "\n";
     if (Status updated = update_file(a.update, section.str()); !updated) {

@@ -83,9 +83,34 @@ TEST(Report, json_carries_the_rounds_their_range_and_the_mark) {
   EXPECT_FALSE(to_json(zero).contains("rounds"));
 }
 
-// Runs `dma-bench fabric` with `arguments` and returns its JSON lines.
-std::vector<nlohmann::json> run_fabric(const std::vector<std::string>& arguments) {
-  std::vector<std::string> argv = {DMA_BINARY_DIR "/bin/dma-bench", "fabric", "--json"};
+TEST(Report, cpu_per_operation_is_the_windows_cpu_over_the_operations_of_each_side) {
+  Case row = with_rounds(4096, {1.0, 1.0, 1.0, 1.0, 1.0});  // 100 ours, 200 baseline operations
+  row.provider = "tcp";
+  row.op = "get";
+  row.clients = 4;
+  EXPECT_EQ("", cpu_markdown({row}, "server"));  // nothing measured: no table
+  EXPECT_EQ("", cpu_lines({row}, "server"));
+  row.ours.cpu_seconds = 0.001;       // 10 us per operation
+  row.baseline.cpu_seconds = 0.001;   // 5 us
+  row.ours.client_cpu_seconds = 0.002;
+  row.baseline.client_cpu_seconds = 0.003;
+  const std::string table = cpu_markdown({row}, "server");
+  EXPECT_NE(std::string::npos, table.find("| tcp | get | 4k | c4 | 10.0 | 5.0 | 20.0 | 15.0 |"))
+      << table;
+  const std::string lines = cpu_lines({row}, "server");
+  EXPECT_NE(std::string::npos, lines.find("server CPU per completed op")) << lines;
+  EXPECT_NE(std::string::npos, lines.find("get 4k/c4 10.00/5.00")) << lines;
+  EXPECT_NE(std::string::npos, lines.find("client CPU per completed op")) << lines;
+  EXPECT_NE(std::string::npos, lines.find("get 4k/c4 20.00/15.00")) << lines;
+  const auto json = to_json(row);
+  EXPECT_DOUBLE_EQ(10.0, json.at("cpu_us_per_op").get<double>());
+  EXPECT_DOUBLE_EQ(20.0, json.at("client_cpu_us_per_op").get<double>());
+  EXPECT_DOUBLE_EQ(15.0, json.at("baseline").at("client_cpu_us_per_op").get<double>());
+}
+
+// Runs `dma-bench <mode>` with `arguments` and returns its JSON lines.
+std::vector<nlohmann::json> run_bench(const char* mode, const std::vector<std::string>& arguments) {
+  std::vector<std::string> argv = {DMA_BINARY_DIR "/bin/dma-bench", mode, "--json"};
   argv.insert(argv.end(), arguments.begin(), arguments.end());
   auto child = support::ChildProcess::spawn(argv);
   if (!child) {
@@ -104,6 +129,32 @@ std::vector<nlohmann::json> run_fabric(const std::vector<std::string>& arguments
     if (!line.empty()) cases.push_back(nlohmann::json::parse(line));
   }
   return cases;
+}
+
+std::vector<nlohmann::json> run_fabric(const std::vector<std::string>& arguments) {
+  return run_bench("fabric", arguments);
+}
+
+TEST(RedisBench, every_case_runs_alternating_rounds_verifies_the_values_and_charges_each_side_its_cpu) {
+  // If this fails, a Redis ratio or CPU figure in docs/PERFORMANCE.md may come from one round,
+  // from values that were never checked, or from a window whose CPU was not read.
+  const auto cases = run_bench("redis", {"--provider", "tcp", "--sizes", "4k", "--clients", "1",
+                                         "--ops", "get,set", "--duration", "0.3"});
+  ASSERT_EQ(2u, cases.size());
+  for (const auto& row : cases) {
+    SCOPED_TRACE(row.dump());
+    EXPECT_GE(row.at("rounds").get<std::size_t>(), 5u);
+    EXPECT_GT(row.at("operations").get<std::uint64_t>(), 0u);
+    EXPECT_GT(row.at("baseline").at("operations").get<std::uint64_t>(), 0u);
+    EXPECT_EQ(0u, row.at("errors").get<std::uint64_t>() + row.at("mismatches").get<std::uint64_t>());
+    EXPECT_EQ(0u, row.at("baseline").at("errors").get<std::uint64_t>() +
+                      row.at("baseline").at("mismatches").get<std::uint64_t>());
+    // Every operation costs the server and the clients something.
+    for (const char* field : {"cpu_us_per_op", "client_cpu_us_per_op"}) {
+      EXPECT_GT(row.at(field).get<double>(), 0.0) << field;
+      EXPECT_GT(row.at("baseline").at(field).get<double>(), 0.0) << field;
+    }
+  }
 }
 
 class FabricBench : public ::testing::TestWithParam<const char*> {};
@@ -127,6 +178,9 @@ TEST_P(FabricBench, every_case_runs_alternating_rounds_and_verifies_both_sides_b
       EXPECT_EQ(0u, row.at("baseline").at("errors").get<std::uint64_t>());
       EXPECT_EQ(0u, row.at("baseline").at("mismatches").get<std::uint64_t>());
       EXPECT_TRUE(row.contains("allocations_per_op"));
+      // Both sides' initiator CPU per operation: a busy side spends some on every one.
+      EXPECT_GT(row.at("cpu_us_per_op").get<double>(), 0.0);
+      EXPECT_GT(row.at("baseline").at("cpu_us_per_op").get<double>(), 0.0);
       EXPECT_EQ(row.at("size").get<std::size_t>() >= (64u << 10) ? "GB/s" : "ops/s",
                 row.at("ratio_basis").get<std::string>());
     }
