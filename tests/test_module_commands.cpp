@@ -218,6 +218,31 @@ TEST_F(Module, multi_region_transfers_fill_and_drain_regions_in_order) {
   EXPECT_EQ(as_string(value), std::string(back->str, back->len));
 }
 
+TEST_F(Module, a_command_with_more_arguments_than_redis_send_keeps_on_its_stack_goes_out_whole) {
+  // If this fails, redis::send (every command of dma::Client and of the tools) drops or mixes
+  // up arguments past the ones it keeps on its stack (16), as a DMA.SET over many regions has.
+  Connection connection(port());
+  ASSERT_TRUE(connection.ok());
+  for (const std::size_t count : {std::size_t{15}, std::size_t{16}, std::size_t{17}, std::size_t{40}}) {
+    const std::string key = "many-arguments-" + std::to_string(count);
+    std::vector<std::string> command = {"RPUSH", key};
+    for (std::size_t index = 0; index + 2 < count; ++index) {
+      command.push_back("element-" + std::to_string(index));
+    }
+    ASSERT_EQ(count, command.size());
+    Reply pushed = connection.command(command);
+    ASSERT_TRUE(pushed && pushed->type == REDIS_REPLY_INTEGER) << error_of(pushed);
+    EXPECT_EQ(static_cast<long long>(count - 2), pushed->integer);
+    Reply listed = connection.command({"LRANGE", key, "0", "-1"});
+    ASSERT_TRUE(listed && listed->type == REDIS_REPLY_ARRAY) << error_of(listed);
+    ASSERT_EQ(count - 2, listed->elements);
+    for (std::size_t index = 0; index < listed->elements; ++index) {
+      EXPECT_EQ(command[index + 2],
+                std::string(listed->element[index]->str, listed->element[index]->len));
+    }
+  }
+}
+
 TEST_F(Module, several_clients_at_once_each_get_their_own_values) {
   // If this fails, concurrent clients see each other's bytes: sessions are not per connection.
   constexpr int kClients = 4;

@@ -3,6 +3,7 @@
 #include <hiredis/hiredis.h>
 
 #include <algorithm>
+#include <charconv>
 #include <cstring>
 #include <thread>
 
@@ -334,13 +335,25 @@ Status Client::hello_on(Node& node) {
 
 Result<std::optional<Client::Answer>> Client::get_inline(std::string_view key, std::size_t most,
                                                          const Exposed* landing) {
-  std::vector<std::string> arguments{"DMA.GET", std::string(key), "INLINE", std::to_string(most)};
-  if (landing != nullptr) arguments = with_region(std::move(arguments), *landing);
-  // Only a transfer into `landing` needs the target's progress before the reply, and only a
-  // value larger than `most` (so only a landing larger than it) travels that way.
-  if (landing != nullptr && landing->length() > most) expect_transfer(Target::Expected::kWrite);
-  auto reply = landing != nullptr ? route_landing(key, arguments, *landing)
-                                  : route(key, arguments, /*transfers=*/false);
+  char most_digits[24];
+  const std::string_view most_text(
+      most_digits, static_cast<std::size_t>(
+                       std::to_chars(most_digits, most_digits + sizeof most_digits, most).ptr -
+                       most_digits));
+  auto reply = [&]() -> Result<Reply> {
+    if (landing == nullptr) {
+      // The inline path, every small GET: nothing allocated for the command.
+      const std::string_view arguments[] = {"DMA.GET", key, "INLINE", most_text};
+      return route(key, arguments, /*transfers=*/false);
+    }
+    // Only a transfer into `landing` needs the target's progress before the reply, and only a
+    // value larger than `most` (so only a landing larger than it) travels that way.
+    if (landing->length() > most) expect_transfer(Target::Expected::kWrite);
+    return route_landing(
+        key,
+        with_region({"DMA.GET", std::string(key), "INLINE", std::string(most_text)}, *landing),
+        *landing);
+  }();
   if (!reply) return fail(std::move(reply).error());
   const redisReply& got = **reply;
   if (got.type == REDIS_REPLY_NIL) return std::optional<Answer>();

@@ -16,14 +16,27 @@ namespace redis {
 void ReplyDeleter::operator()(redisReply* reply) const noexcept { freeReplyObject(reply); }
 
 Status send(redisContext* connection, std::span<const std::string_view> arguments) {
-  std::vector<const char*> pointers;
-  std::vector<std::size_t> lengths;
-  for (std::string_view argument : arguments) {
-    pointers.push_back(argument.data());
-    lengths.push_back(argument.size());
+  // hiredis wants two parallel arrays: on the stack for every command we send, on the heap only
+  // past kOnStack arguments.
+  constexpr std::size_t kOnStack = 16;
+  const char* pointers_here[kOnStack];
+  std::size_t lengths_here[kOnStack];
+  std::vector<const char*> pointers_heap;
+  std::vector<std::size_t> lengths_heap;
+  const char** pointers = pointers_here;
+  std::size_t* lengths = lengths_here;
+  if (arguments.size() > kOnStack) {
+    pointers_heap.resize(arguments.size());
+    lengths_heap.resize(arguments.size());
+    pointers = pointers_heap.data();
+    lengths = lengths_heap.data();
   }
-  if (redisAppendCommandArgv(connection, static_cast<int>(arguments.size()), pointers.data(),
-                             lengths.data()) != REDIS_OK) {
+  for (std::size_t index = 0; index < arguments.size(); ++index) {
+    pointers[index] = arguments[index].data();
+    lengths[index] = arguments[index].size();
+  }
+  if (redisAppendCommandArgv(connection, static_cast<int>(arguments.size()), pointers,
+                             lengths) != REDIS_OK) {
     return fail(ErrorCode::kResourceExhausted, "cannot queue a redis command");
   }
   int done = 0;
