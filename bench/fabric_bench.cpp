@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <limits>
 #include <memory>
 #include <optional>
 #include <thread>
@@ -366,6 +367,10 @@ Result<FabricRun> run_fabric_detailed(const FabricOptions& options, Progress& pr
   configuration.max_in_flight = max_depth;
   // A transfer that never completes must not hold the service's destructor for 30 s.
   configuration.completion_deadline = std::chrono::milliseconds(5000);
+  // Whole transfers, as the raw loop posts them: the same piece sizes on both sides. (By default
+  // the service splits a write over tcp into 512 KiB pieces, which moves it faster; the raw
+  // loop has no pieces, and a baseline without them would flatter ours.)
+  configuration.max_piece_bytes = std::numeric_limits<std::size_t>::max();
   DMA_TRY_ASSIGN(bench.ours,
                  OursLoop::start(configuration, bench.ours_target.advertisement.address, max_depth));
   if (bench.ours->describe().max_in_flight < max_depth) {

@@ -2,12 +2,14 @@
 // pieces, against real targets on tcp, net and shm over loopback.
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <cstring>
 #include <deque>
 
 #include "dma/service.hpp"
 #include "dma/target.hpp"
 #include "fixtures.hpp"
+#include "worker/post_hook.hpp"
 
 namespace dma {
 namespace {
@@ -240,6 +242,95 @@ TEST_P(BadKey, exposed_buffers_never_share_a_key_and_unexposing_revokes_access) 
 }
 
 INSTANTIATE_TEST_SUITE_P(CheckingProviders, BadKey, ::testing::Values("tcp", "net"),
+                         [](const auto& param_info) { return param_info.param; });
+
+// How many pieces a transfer goes out in: by default a write over tcp in 512 KiB pieces (faster
+// there, worker.cpp) and everything else whole; max_piece_bytes, when set, bounds both
+// directions on every provider. Counted at the poster's hook, which runs once per post.
+class Pieces : public ::testing::TestWithParam<std::string> {
+ protected:
+  void TearDown() override { internal::set_post_hook({}); }
+
+  // Writes `length` bytes to a fresh buffer of `client` and reads them back, each through
+  // `service`; returns the posts each took.
+  std::pair<std::size_t, std::size_t> posts_for(FabricService& service, Collector& collector,
+                                                Client& client, std::size_t length) {
+    Exposed& landing = client.expose(length, 9);
+    // First contact: tcp, net and shm refuse posts (-FI_EAGAIN, each a post at the hook) until
+    // the connection is up, so one small write goes first, uncounted.
+    TransferRequest hello;
+    hello.client_id = 1;
+    hello.peer_address = client.address();
+    hello.regions.push_back(landing.region(0, 1));
+    hello.direction = Direction::kToPeer;
+    hello.context = std::make_unique<Buffer>(pattern(1, 11));
+    EXPECT_TRUE(service.submit(std::move(hello)));
+    EXPECT_EQ(1u, collector.wait_for(1).size());
+    std::atomic<std::size_t> posts{0};
+    internal::set_post_hook([&posts] { posts.fetch_add(1, std::memory_order_relaxed); });
+    const auto value = pattern(length, 10);
+    TransferRequest write;
+    write.client_id = 1;
+    write.peer_address = client.address();
+    write.regions.push_back(landing.whole());
+    write.direction = Direction::kToPeer;
+    write.context = std::make_unique<Buffer>(value);
+    EXPECT_TRUE(service.submit(std::move(write)));
+    auto wrote = collector.wait_for(1);
+    EXPECT_EQ(1u, wrote.size());
+    if (wrote.size() == 1) {
+      EXPECT_TRUE(wrote[0].outcome) << wrote[0].outcome.error().describe();
+    }
+    EXPECT_TRUE(client.bytes(client.buffers.size() - 1) == value) << "the write landed whole";
+    const std::size_t write_posts = posts.exchange(0);
+
+    TransferRequest read;
+    read.client_id = 1;
+    read.peer_address = client.address();
+    read.regions.push_back(landing.whole());
+    read.direction = Direction::kFromPeer;
+    read.length = length;
+    read.context = std::make_unique<Buffer>();
+    EXPECT_TRUE(service.submit(std::move(read)));
+    auto got = collector.wait_for(1);
+    EXPECT_EQ(1u, got.size());
+    if (got.size() == 1) {
+      EXPECT_TRUE(got[0].outcome) << got[0].outcome.error().describe();
+      EXPECT_TRUE(testing::buffer_of(got[0].context)->bytes == value) << "the read came back whole";
+    }
+    const std::size_t read_posts = posts.exchange(0);
+    internal::set_post_hook({});
+    return {write_posts, read_posts};
+  }
+};
+
+TEST_P(Pieces, a_write_over_tcp_goes_in_512_kib_pieces_by_default_and_max_piece_bytes_bounds_both) {
+  constexpr std::size_t kLength = (std::size_t{1} << 20) + 1;  // two full pieces and one byte
+  const Configuration defaults = testing::loopback(GetParam());
+  ASSERT_EQ(0u, defaults.max_piece_bytes) << "the default leaves the piece size to the service";
+  {
+    Collector collector;
+    auto service = FabricService::start(defaults, collector.completer(), nullptr);
+    ASSERT_TRUE(service) << service.error().describe();
+    Client client = Client::open(defaults);
+    ASSERT_TRUE(client.target);
+    const auto [writes, reads] = posts_for(**service, collector, client, kLength);
+    EXPECT_EQ(GetParam() == "tcp" ? 3u : 1u, writes);
+    EXPECT_EQ(1u, reads);
+  }
+  Configuration bounded = defaults;
+  bounded.max_piece_bytes = std::size_t{256} << 10;
+  Collector collector;
+  auto service = FabricService::start(bounded, collector.completer(), nullptr);
+  ASSERT_TRUE(service) << service.error().describe();
+  Client client = Client::open(bounded);
+  ASSERT_TRUE(client.target);
+  const auto [writes, reads] = posts_for(**service, collector, client, kLength);
+  EXPECT_EQ(5u, writes);
+  EXPECT_EQ(5u, reads);
+}
+
+INSTANTIATE_TEST_SUITE_P(Providers, Pieces, ::testing::Values("tcp", "net", "shm"),
                          [](const auto& param_info) { return param_info.param; });
 
 }  // namespace

@@ -58,8 +58,9 @@ struct DMA_EXPORT Configuration {
   // tcp, net and shm). Off by default, since skipping registration is faster there; on, it
   // exercises the registration cache exactly as FI_MR_LOCAL providers (efa, verbs) do.
   bool always_register_operands = false;
-  // Largest single RMA the service posts; larger pieces are split. 0 means the provider's
-  // max_msg_size.
+  // Largest single RMA the service posts, read or write; larger pieces are split. 0 means the
+  // service's default: a write over tcp in pieces of 512 KiB, in flight together (faster there
+  // than whole, docs/PROVIDERS.md), and otherwise the provider's max_msg_size.
   std::size_t max_piece_bytes = 0;
   // How long a fabric worker that has run out of work keeps polling for more (yielding its core
   // between polls) before it sleeps. A transfer submitted within it is posted at once, without

@@ -64,12 +64,14 @@ inline constexpr std::uint32_t kReadsPerRing = 64;
 
 class Poster {
  public:
+  // `max_piece` bounds a read's pieces, `max_write_piece` a write's (worker.cpp).
   Poster(const Endpoint& endpoint, std::size_t cap, std::size_t max_piece,
-         std::chrono::milliseconds progress_deadline, WorkerClock clock, AtomicCounters& counters,
-         Gate& gate)
+         std::size_t max_write_piece, std::chrono::milliseconds progress_deadline,
+         WorkerClock clock, AtomicCounters& counters, Gate& gate)
       : endpoint_(endpoint),
         cap_(cap),
         max_piece_(max_piece),
+        max_write_piece_(max_write_piece),
         progress_deadline_(progress_deadline),
         clock_(clock),
         counters_(counters),
@@ -92,6 +94,7 @@ class Poster {
 
   std::size_t cap() const noexcept { return cap_; }
   std::size_t max_piece() const noexcept { return max_piece_; }
+  std::size_t max_write_piece() const noexcept { return max_write_piece_; }
   // Rings of an shm peer's doorbell made and left to after the reap (tests).
   std::uint64_t rings() const noexcept { return rings_; }
   std::uint64_t rings_deferred() const noexcept { return rings_deferred_; }
@@ -107,6 +110,7 @@ class Poster {
   const Endpoint& endpoint_;
   std::size_t cap_;
   std::size_t max_piece_;
+  std::size_t max_write_piece_;
   std::chrono::milliseconds progress_deadline_;
   WorkerClock clock_;
   AtomicCounters& counters_;
