@@ -251,10 +251,17 @@ class Pieces : public ::testing::TestWithParam<std::string> {
  protected:
   void TearDown() override { internal::set_post_hook({}); }
 
-  // Writes `length` bytes to a fresh buffer of `client` and reads them back, each through
-  // `service`; returns the posts each took.
-  std::pair<std::size_t, std::size_t> posts_for(FabricService& service, Collector& collector,
-                                                Client& client, std::size_t length) {
+  // Starts a service and a client target with `configuration`, writes `length` bytes to a fresh
+  // buffer of the client and reads them back; returns the posts each took.
+  std::pair<std::size_t, std::size_t> posts_for(const Configuration& configuration,
+                                                std::size_t length) {
+    Collector collector;
+    auto started = FabricService::start(configuration, collector.completer(), nullptr);
+    EXPECT_TRUE(started) << started.error().describe();
+    Client client = Client::open(configuration);
+    EXPECT_TRUE(client.target);
+    if (!started || !client.target) return {0, 0};
+    FabricService& service = **started;
     Exposed& landing = client.expose(length, 9);
     // First contact: tcp, net and shm refuse posts (-FI_EAGAIN, each a post at the hook) until
     // the connection is up, so one small write goes first, uncounted.
@@ -309,23 +316,13 @@ TEST_P(Pieces, a_write_over_tcp_goes_in_512_kib_pieces_by_default_and_max_piece_
   const Configuration defaults = testing::loopback(GetParam());
   ASSERT_EQ(0u, defaults.max_piece_bytes) << "the default leaves the piece size to the service";
   {
-    Collector collector;
-    auto service = FabricService::start(defaults, collector.completer(), nullptr);
-    ASSERT_TRUE(service) << service.error().describe();
-    Client client = Client::open(defaults);
-    ASSERT_TRUE(client.target);
-    const auto [writes, reads] = posts_for(**service, collector, client, kLength);
+    const auto [writes, reads] = posts_for(defaults, kLength);
     EXPECT_EQ(GetParam() == "tcp" ? 3u : 1u, writes);
     EXPECT_EQ(1u, reads);
   }
   Configuration bounded = defaults;
   bounded.max_piece_bytes = std::size_t{256} << 10;
-  Collector collector;
-  auto service = FabricService::start(bounded, collector.completer(), nullptr);
-  ASSERT_TRUE(service) << service.error().describe();
-  Client client = Client::open(bounded);
-  ASSERT_TRUE(client.target);
-  const auto [writes, reads] = posts_for(**service, collector, client, kLength);
+  const auto [writes, reads] = posts_for(bounded, kLength);
   EXPECT_EQ(5u, writes);
   EXPECT_EQ(5u, reads);
 }

@@ -30,8 +30,7 @@ void Poster::post(OpTable& table, bool closed, std::vector<Op*>& ended) {
       const RemoteRegion& region = op->request.regions[op->region];
       std::size_t size = std::min({static_cast<std::size_t>(region.length - op->region_offset),
                                    op->length - op->local_offset,
-                                   op->request.direction == Direction::kToPeer ? max_write_piece_
-                                                                              : max_piece_});
+                                   max_piece(op->request.direction)});
       if (op->stream_piece != 0) size = std::min(size, op->stream_piece);
       Piece* piece = table.acquire_piece(op);
       piece->offset = op->local_offset;

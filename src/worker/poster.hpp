@@ -93,8 +93,10 @@ class Poster {
   void ring_unfinished_reads();
 
   std::size_t cap() const noexcept { return cap_; }
-  std::size_t max_piece() const noexcept { return max_piece_; }
-  std::size_t max_write_piece() const noexcept { return max_write_piece_; }
+  // The largest piece of a transfer in `direction`.
+  std::size_t max_piece(Direction direction) const noexcept {
+    return direction == Direction::kToPeer ? max_write_piece_ : max_piece_;
+  }
   // Rings of an shm peer's doorbell made and left to after the reap (tests).
   std::uint64_t rings() const noexcept { return rings_; }
   std::uint64_t rings_deferred() const noexcept { return rings_deferred_; }

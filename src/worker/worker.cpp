@@ -262,11 +262,8 @@ void Worker::accept(TransferRequest&& request) {
     if (!here || checksum_pieces_here_) {
       // Within the direction's own largest piece: the poster cuts no piece of a stream shorter
       // than stream_piece (but the last), or the checksums' pieces would not be the posts'.
-      const std::size_t max_piece = op->request.direction == Direction::kToPeer
-                                        ? poster_.max_write_piece()
-                                        : poster_.max_piece();
-      op->stream_piece =
-          stream_piece_for(op->length, max_piece, here ? kHerePiece : kStreamPiece);
+      op->stream_piece = stream_piece_for(op->length, poster_.max_piece(op->request.direction),
+                                          here ? kHerePiece : kStreamPiece);
       if (op->stream_piece != 0) {
         op->stream = delivery_.open_stream(op->local, op->length, op->stream_piece, here);
       }
