@@ -286,7 +286,7 @@ Result<Case> run_case(Bench& bench, std::size_t size, std::size_t depth) {
       std::chrono::duration_cast<std::chrono::nanoseconds>(total) / rounds, shortest);
   Side ours;
   Side raw;
-  std::vector<double> round_ratios;
+  std::vector<Round> round_figures;
   for (std::size_t round = 0; round < rounds; ++round) {
     // Alternate which side goes first, so a drift in machine load hits both alike.
     const bool ours_first = round % 2 == 0;
@@ -297,8 +297,8 @@ Result<Case> run_case(Bench& bench, std::size_t size, std::size_t depth) {
       DMA_TRY(ours_turn ? ours_round(bench, size, depth, slots, each, &ours)
                         : raw_round(bench, size, depth, slots, each, &raw));
     }
-    round_ratios.push_back(round_ratio(since(ours.measurement, ours_before),
-                                       since(raw.measurement, raw_before), size));
+    round_figures.push_back(round_of(since(ours.measurement, ours_before),
+                                     since(raw.measurement, raw_before), size));
   }
   finish_side(ours);
   finish_side(raw);
@@ -316,7 +316,7 @@ Result<Case> run_case(Bench& bench, std::size_t size, std::size_t depth) {
   row.baseline_label = "raw libfabric";
   row.ours = ours.measurement;
   row.baseline = raw.measurement;
-  row.round_ratios = std::move(round_ratios);
+  row.rounds = std::move(round_figures);
   return row;
 }
 

@@ -362,7 +362,7 @@ Result<Case> run_case(const RedisOptions& options, const std::string& op, std::s
       this_round.bytes = side.measurement.bytes - bytes;
       (kind == Kind::kDma ? dma_seconds : plain_seconds) += this_round.seconds;
     }
-    row.round_ratios.push_back(round_ratio(dma_round, plain_round, size));
+    row.rounds.push_back(round_of(dma_round, plain_round, size));
   }
   // The warm-up's problems count too: a value that fails to verify fails the run.
   dma_side.measurement.mismatches += warm.measurement.mismatches;

@@ -90,35 +90,47 @@ namespace {
 
 constexpr std::size_t kGbpsFrom = std::size_t{64} << 10;
 
-double ratio_of(const Measurement& ours, const Measurement& baseline, std::size_t size) {
-  const double base = size >= kGbpsFrom ? baseline.gbps() : baseline.ops_per_s();
-  const double mine = size >= kGbpsFrom ? ours.gbps() : ours.ops_per_s();
-  return base > 0 ? mine / base : std::numeric_limits<double>::quiet_NaN();
+double figure_of(const Measurement& side, std::size_t size) {
+  return size >= kGbpsFrom ? side.gbps() : side.ops_per_s();
+}
+
+double ratio_of(double ours, double baseline) {
+  return baseline > 0 ? ours / baseline : std::numeric_limits<double>::quiet_NaN();
+}
+
+std::vector<double> ratios_of(const std::vector<Round>& rounds) {
+  std::vector<double> ratios;
+  ratios.reserve(rounds.size());
+  for (const Round& round : rounds) ratios.push_back(round.ratio());
+  return ratios;
 }
 
 }  // namespace
 
-double round_ratio(const Measurement& ours, const Measurement& baseline, std::size_t size) {
-  return ratio_of(ours, baseline, size);
+double Round::ratio() const { return ratio_of(ours, baseline); }
+
+Round round_of(const Measurement& ours, const Measurement& baseline, std::size_t size) {
+  return Round{figure_of(ours, size), figure_of(baseline, size)};
 }
 
 double Case::ratio() const {
-  if (round_ratios.empty()) return ratio_of(ours, baseline, size);
-  std::vector<double> sorted = round_ratios;
+  if (rounds.empty()) return ratio_of(figure_of(ours, size), figure_of(baseline, size));
+  std::vector<double> sorted = ratios_of(rounds);
   std::sort(sorted.begin(), sorted.end());
   const std::size_t middle = sorted.size() / 2;
   return sorted.size() % 2 == 1 ? sorted[middle] : (sorted[middle - 1] + sorted[middle]) / 2;
 }
 
 std::pair<double, double> Case::ratio_range() const {
-  if (round_ratios.empty()) return {ratio(), ratio()};
-  const auto [low, high] = std::minmax_element(round_ratios.begin(), round_ratios.end());
+  if (rounds.empty()) return {ratio(), ratio()};
+  const std::vector<double> ratios = ratios_of(rounds);
+  const auto [low, high] = std::minmax_element(ratios.begin(), ratios.end());
   return {*low, *high};
 }
 
 bool Case::unsteady() const {
   const double median = ratio();
-  if (round_ratios.size() < 2 || !(median > 0)) return false;
+  if (rounds.size() < 2 || !(median > 0)) return false;
   const auto [low, high] = ratio_range();
   return (high - low) / median > kUnsteadySpread;
 }
@@ -148,12 +160,23 @@ nlohmann::ordered_json to_json(const Case& row) {
   out["baseline"] = std::move(baseline);
   out["ratio"] = rounded(row.ratio(), 3);
   out["ratio_basis"] = row.ratio_basis();
-  if (!row.round_ratios.empty()) {
+  if (!row.rounds.empty()) {
     const auto [low, high] = row.ratio_range();
-    out["rounds"] = row.round_ratios.size();
+    out["rounds"] = row.rounds.size();
     out["ratio_min"] = rounded(low, 3);
     out["ratio_max"] = rounded(high, 3);
     out["unsteady"] = row.unsteady();
+    // GB/s to the MB/s, ops/s to the op.
+    const int decimals = row.ratio_basis() == "GB/s" ? 3 : 0;
+    nlohmann::ordered_json per_round = nlohmann::ordered_json::array();
+    for (const Round& round : row.rounds) {
+      nlohmann::ordered_json one;
+      one["ours"] = rounded(round.ours, decimals);
+      one["baseline"] = rounded(round.baseline, decimals);
+      one["ratio"] = rounded(round.ratio(), 3);
+      per_round.push_back(std::move(one));
+    }
+    out["per_round"] = std::move(per_round);
   }
   return out;
 }
@@ -166,7 +189,7 @@ std::string ratio_with_range(const Case& row, int decimals) {
   const double r = row.ratio();
   if (!std::isfinite(r)) return "-";
   std::string text = fixed(r, decimals);
-  if (!row.round_ratios.empty()) {
+  if (!row.rounds.empty()) {
     const auto [low, high] = row.ratio_range();
     text += " [" + fixed(low, 2) + "-" + fixed(high, 2) + "]";
     if (row.unsteady()) text += " *";

@@ -61,6 +61,15 @@ struct Measurement {
   double gbps() const { return seconds > 0 ? bytes / seconds / 1e9 : 0; }
 };
 
+// One interleaved round of a case: each side's figure on the case's basis (GB/s from 64 KiB,
+// else ops/s; Case::ratio_basis()), so a round that moved can be told apart from the side that
+// moved it.
+struct Round {
+  double ours = 0;
+  double baseline = 0;
+  double ratio() const;  // NaN against a zero baseline
+};
+
 // One row: ours against the baseline measured in the same run.
 struct Case {
   std::string mode;      // "fabric" or "redis"
@@ -73,10 +82,10 @@ struct Case {
   std::string baseline_label;  // e.g. "raw libfabric" or "GET"
   Measurement ours;
   Measurement baseline;
-  // ours/baseline of each interleaved round (ours and the baseline back to back), in order.
-  std::vector<double> round_ratios;
-  // The median of round_ratios; without rounds, ours/baseline over the whole case. GB/s for
-  // sizes >= 64 KiB, else ops/s (the figure the goals name). NaN against a zero baseline.
+  // Each interleaved round (ours and the baseline back to back), in order.
+  std::vector<Round> rounds;
+  // The median of the rounds' ratios; without rounds, ours/baseline over the whole case. GB/s
+  // for sizes >= 64 KiB, else ops/s (the figure the goals name). NaN against a zero baseline.
   double ratio() const;
   std::string ratio_basis() const;  // "GB/s" or "ops/s"
   // The lowest and highest round ratio (both ratio() without rounds).
@@ -86,8 +95,9 @@ struct Case {
   bool unsteady() const;
 };
 inline constexpr double kUnsteadySpread = 0.20;
-// ours/baseline of one round, on the basis Case::ratio_basis() names for `size`.
-double round_ratio(const Measurement& ours, const Measurement& baseline, std::size_t size);
+// One round from each side's measurement over it, on the basis Case::ratio_basis() names for
+// `size`.
+Round round_of(const Measurement& ours, const Measurement& baseline, std::size_t size);
 
 // 65536 -> "64k", 1048576 -> "1m", 100 -> "100".
 std::string format_size(std::size_t bytes);
@@ -96,7 +106,7 @@ std::string format_size(std::size_t bytes);
 // label, ops_per_s, gbps, p50_us, p99_us, operations, seconds, errors, mismatches,
 // allocations_per_op and eagain (when known), baseline {label, same fields}, ratio (the
 // median of rounds; null against a zero baseline), ratio_basis, and with rounds: rounds,
-// ratio_min, ratio_max, unsteady.
+// ratio_min, ratio_max, unsteady, and per_round (each round's ours, baseline and ratio).
 nlohmann::ordered_json to_json(const Case& row);
 // A fixed-width table for a terminal (header included).
 std::string to_table(const std::vector<Case>& rows);

@@ -31,7 +31,7 @@ Case with_rounds(std::size_t size, std::vector<double> ratios) {
   row.size = size;
   row.ours = measured(100, 100 * size, 1.0);
   row.baseline = measured(200, 200 * size, 1.0);
-  row.round_ratios = std::move(ratios);
+  for (const double ratio : ratios) row.rounds.push_back(Round{ratio, 1.0});
   return row;
 }
 
@@ -77,10 +77,20 @@ TEST(Report, json_carries_the_rounds_their_range_and_the_mark) {
   EXPECT_TRUE(json.at("unsteady").get<bool>());
   EXPECT_EQ("GB/s", json.at("ratio_basis").get<std::string>());
   // Against a zero baseline there is no ratio: null, not a number.
+  // Each round's two sides, on the case's basis, and its ratio.
+  Case row = with_rounds(1 << 20, {});
+  row.rounds = {Round{2.5, 2.0}, Round{1.0, 4.0}, Round{3.0, 3.0}};
+  const auto rounds = to_json(row);
+  ASSERT_EQ(3u, rounds.at("per_round").size());
+  EXPECT_DOUBLE_EQ(1.0, rounds.at("per_round")[1].at("ours").get<double>());
+  EXPECT_DOUBLE_EQ(4.0, rounds.at("per_round")[1].at("baseline").get<double>());
+  EXPECT_DOUBLE_EQ(0.25, rounds.at("per_round")[1].at("ratio").get<double>());
+  EXPECT_DOUBLE_EQ(1.0, rounds.at("ratio").get<double>());  // the median: 1.25, 0.25, 1.0
   Case zero = with_rounds(4096, {});
   zero.baseline = Measurement{};
   EXPECT_TRUE(to_json(zero).at("ratio").is_null());
   EXPECT_FALSE(to_json(zero).contains("rounds"));
+  EXPECT_FALSE(to_json(zero).contains("per_round"));
 }
 
 TEST(Report, cpu_per_operation_is_the_windows_cpu_over_the_operations_of_each_side) {
@@ -131,6 +141,15 @@ std::vector<nlohmann::json> run_bench(const char* mode, const std::vector<std::s
   return cases;
 }
 
+// Every round of `row` in its per_round, with both sides measured in it.
+void expect_every_round_measured(const nlohmann::json& row) {
+  ASSERT_EQ(row.at("rounds").get<std::size_t>(), row.at("per_round").size());
+  for (const auto& round : row.at("per_round")) {
+    EXPECT_GT(round.at("ours").get<double>(), 0.0) << round.dump();
+    EXPECT_GT(round.at("baseline").get<double>(), 0.0) << round.dump();
+  }
+}
+
 std::vector<nlohmann::json> run_fabric(const std::vector<std::string>& arguments) {
   return run_bench("fabric", arguments);
 }
@@ -144,6 +163,7 @@ TEST(RedisBench, every_case_runs_alternating_rounds_verifies_the_values_and_char
   for (const auto& row : cases) {
     SCOPED_TRACE(row.dump());
     EXPECT_GE(row.at("rounds").get<std::size_t>(), 5u);
+    expect_every_round_measured(row);
     EXPECT_GT(row.at("operations").get<std::uint64_t>(), 0u);
     EXPECT_GT(row.at("baseline").at("operations").get<std::uint64_t>(), 0u);
     EXPECT_EQ(0u, row.at("errors").get<std::uint64_t>() + row.at("mismatches").get<std::uint64_t>());
@@ -169,6 +189,7 @@ TEST_P(FabricBench, every_case_runs_alternating_rounds_and_verifies_both_sides_b
     for (const auto& row : cases) {
       SCOPED_TRACE(row.dump());
       EXPECT_GE(row.at("rounds").get<std::size_t>(), 5u);
+      expect_every_round_measured(row);
       EXPECT_LE(row.at("ratio_min").get<double>(), row.at("ratio").get<double>());
       EXPECT_GE(row.at("ratio_max").get<double>(), row.at("ratio").get<double>());
       EXPECT_GT(row.at("operations").get<std::uint64_t>(), 0u);
