@@ -76,7 +76,6 @@ TEST(Report, json_carries_the_rounds_their_range_and_the_mark) {
   EXPECT_DOUBLE_EQ(1.0, json.at("ratio_max").get<double>());
   EXPECT_TRUE(json.at("unsteady").get<bool>());
   EXPECT_EQ("GB/s", json.at("ratio_basis").get<std::string>());
-  // Against a zero baseline there is no ratio: null, not a number.
   // Each round's two sides, on the case's basis, and its ratio.
   Case row = with_rounds(1 << 20, {});
   row.rounds = {Round{2.5, 2.0}, Round{1.0, 4.0}, Round{3.0, 3.0}};
@@ -86,6 +85,7 @@ TEST(Report, json_carries_the_rounds_their_range_and_the_mark) {
   EXPECT_DOUBLE_EQ(4.0, rounds.at("per_round")[1].at("baseline").get<double>());
   EXPECT_DOUBLE_EQ(0.25, rounds.at("per_round")[1].at("ratio").get<double>());
   EXPECT_DOUBLE_EQ(1.0, rounds.at("ratio").get<double>());  // the median: 1.25, 0.25, 1.0
+  // Against a zero baseline there is no ratio: null, not a number.
   Case zero = with_rounds(4096, {});
   zero.baseline = Measurement{};
   EXPECT_TRUE(to_json(zero).at("ratio").is_null());
