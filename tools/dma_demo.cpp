@@ -1,8 +1,8 @@
 // dma-demo: the Redis module end to end, in well under a minute. Starts redis-server with
 // build/lib/dma.so on loopback (support/redis_server.hpp), then for each size stores and fetches
 // values through DMA.SET/DMA.GET (dma::Client: the bytes move over the fabric) and through plain
-// SET/GET (hiredis: the bytes go through the socket), one DMA and one plain operation after the
-// other so machine noise hits both alike. Every byte is verified: each GET's bytes are compared
+// SET/GET (hiredis: the bytes go through the socket), the two sides in alternating bursts so
+// machine noise hits both alike. Every byte is verified: each GET's bytes are compared
 // with the value stored, and after the SETs each key is read back and compared with the value
 // written last. Prints a side-by-side table on stdout and progress on stderr, stops the server,
 // and exits 0 only if every byte verified (1 otherwise, 2 for bad arguments).
@@ -10,7 +10,8 @@
 // The client's values and landing are dma::Buffers, the memory the library recommends for values
 // (huge pages from 1 MiB; README, "Client memory"); the plain side uses the same memory.
 //
-// This is a demonstration with short fixed counts, not a benchmark: `dma-bench redis` measures.
+// This is a demonstration, half a second per side per row by default, not a benchmark:
+// `dma-bench redis` measures.
 #include <CLI/CLI.hpp>
 #include <hiredis/hiredis.h>
 #include <unistd.h>
@@ -97,9 +98,10 @@ class Progress {
   Progress() : terminal_(::isatty(STDERR_FILENO) == 1) {}
   void show(const std::string& what, std::size_t done, std::size_t total) {
     if (terminal_) {
-      std::fprintf(stderr, "\r\033[Kdma-demo: %s %zu/%zu", what.c_str(), done, total);
+      std::fprintf(stderr, "\r\033[Kdma-demo: %s, round %zu of %zu", what.c_str(), done + 1,
+                   total);
     } else if (done == 0) {
-      std::fprintf(stderr, "dma-demo: %s x %zu\n", what.c_str(), total);
+      std::fprintf(stderr, "dma-demo: %s, %zu rounds\n", what.c_str(), total);
     }
     std::fflush(stderr);
   }
@@ -112,15 +114,21 @@ class Progress {
   bool terminal_;
 };
 
-// How many operations per side for `size`: enough to see a rate, few enough to stay quick.
-std::size_t count_for(std::size_t size) {
-  return std::clamp<std::size_t>((std::size_t{64} << 20) / size, 4, 400);
-}
+// Each row runs the two sides in alternating bursts (DMA then plain, plain then DMA, ...), each
+// side for about `seconds` in all, so that a drift in machine load hits both alike and each side
+// runs operations back to back, as an application does on its own connection. (One DMA
+// operation between two plain ones leaves the fabric's threads asleep each time: a 1 MiB DMA.GET
+// over tcp took 808 us that way, against ~310 us back to back.)
+constexpr std::size_t kRounds = 4;
+// An unmeasured first operation of each kind and size: the arena's first block of the size, the
+// landing buffer's first registration.
+constexpr std::size_t kWarmUp = 1;
 
 struct Session {
   dma::Client& client;
   RedisConnection& plain;
   Progress& progress;
+  double seconds;  // per side per row
 };
 
 // Times `operation` (which returns false on a mismatch, an Error on a failure) into `side`.
@@ -133,75 +141,131 @@ dma::Status timed(Side& side, std::size_t& bad, Operation&& operation) {
   return {};
 }
 
+// Runs `dma_op(index)` and `plain_op(index)` (each returns a Result<bool>: false on a mismatch)
+// in kRounds alternating bursts of session.seconds / kRounds per side, at least one operation
+// each, after kWarmUp of each that are verified but not timed. `index` counts each side's
+// operations from 0, warm-up included. `prepare()` runs, untimed, before every operation.
+template <typename Prepare, typename DmaOp, typename PlainOp>
+dma::Status run_bursts(Session& session, Row& row, Prepare&& prepare, DmaOp&& dma_op,
+                       PlainOp&& plain_op, std::size_t& dma_count, std::size_t& plain_count) {
+  Side unmeasured;
+  for (std::size_t index = 0; index < kWarmUp; ++index) {
+    prepare();
+    DMA_TRY(timed(unmeasured, row.bad, [&] { return dma_op(dma_count++); }));
+    prepare();
+    DMA_TRY(timed(unmeasured, row.bad, [&] { return plain_op(plain_count++); }));
+  }
+  const auto burst = std::chrono::duration<double>(session.seconds / kRounds);
+  const std::string what = human(row.size) + " " + row.op;
+  for (std::size_t round = 0; round < kRounds; ++round) {
+    session.progress.show(what, round, kRounds);
+    const bool dma_first = round % 2 == 0;
+    for (int turn = 0; turn < 2; ++turn) {
+      const bool dma_turn = (turn == 0) == dma_first;
+      const auto until = Clock::now() + burst;
+      do {
+        prepare();
+        DMA_TRY(dma_turn ? timed(row.dma, row.bad, [&] { return dma_op(dma_count++); })
+                         : timed(row.plain, row.bad, [&] { return plain_op(plain_count++); }));
+      } while (Clock::now() < until);
+    }
+  }
+  return {};
+}
+
+// Reads `key` back with plain DMA.GETPLAIN and compares it with `expected`.
+dma::Status read_back(Session& session, const std::string& key,
+                      std::span<const std::byte> expected, std::size_t& bad) {
+  DMA_TRY_ASSIGN(const dma::support::Reply reply, session.plain.command({"DMA.GETPLAIN", key}));
+  const bool same = reply->type == REDIS_REPLY_STRING &&
+                    dma::support::reply_text(reply) == as_text(expected);
+  if (!same) {
+    std::cerr << "dma-demo: " << key << " does not hold the value written last\n";
+    ++bad;
+  }
+  return {};
+}
+
+// The two keys of a size: one written through DMA, one through plain SET.
+struct Keys {
+  std::string dma;
+  std::string plain;
+  explicit Keys(std::size_t size)
+      : dma("dma-demo:dma:" + std::to_string(size)),
+        plain("dma-demo:plain:" + std::to_string(size)) {}
+};
+
+// What the SETs left in each key: the index into `values` each side wrote last.
+struct Stored {
+  std::size_t dma = 0;
+  std::size_t plain = 0;
+};
+
 // SETs: each DMA.SET and each plain SET writes one of two patterns (alternating, so every write
 // changes the key); afterwards both keys are read back and compared with what was written last.
 dma::Result<Row> run_sets(Session& session, std::size_t size,
-                          const std::vector<dma::Buffer>& values) {
+                          const std::vector<dma::Buffer>& values, Stored& stored) {
   Row row;
   row.size = size;
   row.op = "SET";
-  const std::string dma_key = "dma-demo:dma:" + std::to_string(size);
-  const std::string plain_key = "dma-demo:plain:" + std::to_string(size);
-  const std::size_t count = count_for(size);
-  for (std::size_t index = 0; index < count; ++index) {
-    if (index % 16 == 0) session.progress.show(human(size) + " SET", index, count);
-    const std::span<const std::byte> value = values[index % 2].bytes();
-    dma::Status done = timed(row.dma, row.bad, [&]() -> dma::Result<bool> {
-      dma::Status stored = session.client.set(dma_key, value);
-      if (!stored && stored.error().code() == dma::ErrorCode::kCorrupted) return false;
-      DMA_TRY(stored);
-      return true;
-    });
-    DMA_TRY(done);
-    done = timed(row.plain, row.bad, [&]() -> dma::Result<bool> {
-      DMA_TRY(session.plain.command({"SET", plain_key, as_text(value)}));
-      return true;
-    });
-    DMA_TRY(done);
-  }
-  const std::span<const std::byte> last = values[(count - 1) % 2].bytes();
-  for (const std::string& key : {dma_key, plain_key}) {
-    DMA_TRY_ASSIGN(const dma::support::Reply reply, session.plain.command({"DMA.GETPLAIN", key}));
-    const bool same = dma::support::reply_text(reply) == as_text(last) &&
-                      reply->type == REDIS_REPLY_STRING;
-    if (!same) {
-      std::cerr << "dma-demo: " << key << " does not hold the value written last\n";
-      ++row.bad;
-    }
-  }
+  const Keys keys(size);
+  std::size_t dma_count = 0;
+  std::size_t plain_count = 0;
+  const dma::Status ran = run_bursts(
+      session, row, [] {},
+      [&](std::size_t index) -> dma::Result<bool> {
+        dma::Status written = session.client.set(keys.dma, values[index % 2].bytes());
+        if (!written && written.error().code() == dma::ErrorCode::kCorrupted) return false;
+        DMA_TRY(written);
+        return true;
+      },
+      [&](std::size_t index) -> dma::Result<bool> {
+        DMA_TRY(session.plain.command({"SET", keys.plain, as_text(values[index % 2].bytes())}));
+        return true;
+      },
+      dma_count, plain_count);
+  DMA_TRY(ran);
+  stored.dma = (dma_count - 1) % 2;
+  stored.plain = (plain_count - 1) % 2;
+  DMA_TRY(read_back(session, keys.dma, values[stored.dma].bytes(), row.bad));
+  DMA_TRY(read_back(session, keys.plain, values[stored.plain].bytes(), row.bad));
   return row;
 }
 
-// GETs of the value the SETs left behind, each compared byte for byte with it.
-dma::Result<Row> run_gets(Session& session, std::size_t size, const dma::Buffer& stored) {
+// GETs of the values the SETs left behind, each compared byte for byte with its key's value.
+dma::Result<Row> run_gets(Session& session, std::size_t size,
+                          const std::vector<dma::Buffer>& values, const Stored& stored) {
   Row row;
   row.size = size;
   row.op = "GET";
-  const std::string dma_key = "dma-demo:dma:" + std::to_string(size);
-  const std::string plain_key = "dma-demo:plain:" + std::to_string(size);
+  const Keys keys(size);
   DMA_TRY_ASSIGN(const dma::Buffer landing, dma::Buffer::allocate(size));
-  const std::size_t count = count_for(size);
-  for (std::size_t index = 0; index < count; ++index) {
-    if (index % 16 == 0) session.progress.show(human(size) + " GET", index, count);
-    std::fill_n(landing.data(), size, std::byte{0});  // stale bytes must not pass
-    dma::Status done = timed(row.dma, row.bad, [&]() -> dma::Result<bool> {
-      auto got = session.client.get(dma_key, landing.bytes());
-      if (!got && got.error().code() == dma::ErrorCode::kCorrupted) return false;
-      DMA_TRY(got);
-      return *got && **got == size && std::memcmp(landing.data(), stored.data(), size) == 0;
-    });
-    DMA_TRY(done);
-    done = timed(row.plain, row.bad, [&]() -> dma::Result<bool> {
-      DMA_TRY_ASSIGN(const dma::support::Reply reply, session.plain.command({"GET", plain_key}));
-      return reply->type == REDIS_REPLY_STRING &&
-             dma::support::reply_text(reply) == as_text(stored.bytes());
-    });
-    DMA_TRY(done);
-  }
+  const dma::Buffer& dma_value = values[stored.dma];
+  const dma::Buffer& plain_value = values[stored.plain];
+  std::size_t dma_count = 0;
+  std::size_t plain_count = 0;
+  const dma::Status ran = run_bursts(
+      session, row,
+      // Stale bytes must not pass: the landing is cleared before every GET (untimed).
+      [&] { std::fill_n(landing.data(), size, std::byte{0}); },
+      [&](std::size_t) -> dma::Result<bool> {
+        auto got = session.client.get(keys.dma, landing.bytes());
+        if (!got && got.error().code() == dma::ErrorCode::kCorrupted) return false;
+        DMA_TRY(got);
+        return *got && **got == size && std::memcmp(landing.data(), dma_value.data(), size) == 0;
+      },
+      [&](std::size_t) -> dma::Result<bool> {
+        DMA_TRY_ASSIGN(const dma::support::Reply reply,
+                       session.plain.command({"GET", keys.plain}));
+        return reply->type == REDIS_REPLY_STRING &&
+               dma::support::reply_text(reply) == as_text(plain_value.bytes());
+      },
+      dma_count, plain_count);
+  DMA_TRY(ran);
   return row;
 }
 
-int run(const std::string& provider, const std::vector<std::size_t>& sizes) {
+int run(const std::string& provider, const std::vector<std::size_t>& sizes, double seconds) {
   Progress progress;
   dma::support::RedisServer::Options options;
   options.module_arguments = {"providers", provider, "bind", "127.0.0.1"};
@@ -231,7 +295,7 @@ int run(const std::string& provider, const std::vector<std::size_t>& sizes) {
     std::cerr << "dma-demo: " << plain.error().describe() << "\n";
     return 1;
   }
-  Session session{**client, **plain, progress};
+  Session session{**client, **plain, progress, seconds};
 
   // Unmeasured: tcp and net connect on the first transfer.
   {
@@ -262,7 +326,8 @@ int run(const std::string& provider, const std::vector<std::size_t>& sizes) {
       std::copy(pattern.begin(), pattern.end(), value->data());
       values.push_back(std::move(*value));
     }
-    auto sets = run_sets(session, size, values);
+    Stored stored;
+    auto sets = run_sets(session, size, values, stored);
     if (!sets) {
       progress.clear();
       std::cerr << "dma-demo: " << human(size) << " SET: " << sets.error().describe() << "\n";
@@ -270,7 +335,7 @@ int run(const std::string& provider, const std::vector<std::size_t>& sizes) {
       break;
     }
     rows.push_back(std::move(*sets));
-    auto gets = run_gets(session, size, values[(count_for(size) - 1) % 2]);
+    auto gets = run_gets(session, size, values, stored);
     if (!gets) {
       progress.clear();
       std::cerr << "dma-demo: " << human(size) << " GET: " << gets.error().describe() << "\n";
@@ -307,16 +372,21 @@ int run(const std::string& provider, const std::vector<std::size_t>& sizes) {
 int main(int argc, char** argv) {
   CLI::App app{"dma-demo: DMA.SET/DMA.GET against SET/GET on a redis-server started here"};
   std::string provider = "tcp";
+  double seconds = 0.5;
   std::vector<std::size_t> sizes{std::size_t{4} << 10, std::size_t{1} << 20, std::size_t{16} << 20};
   app.add_option("--provider", provider, "libfabric provider (tcp, net, shm, ...)")
       ->capture_default_str();
   dma::support::add_size_list(app, "--sizes", sizes, "value sizes, at most 1 GiB",
                               std::size_t{1} << 30);
+  app.add_option("--seconds", seconds,
+                 "per side per row, in alternating bursts (at least one operation each)")
+      ->check(CLI::Range(0.001, 3600.0))
+      ->capture_default_str();
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& error) {
     const int code = app.exit(error);
     return code == 0 ? 0 : 2;
   }
-  return run(provider, sizes);
+  return run(provider, sizes, seconds);
 }
