@@ -4,6 +4,7 @@
 #include <span>
 #include <thread>
 
+#include "dma/configuration.hpp"
 #include "dma/protocol.hpp"
 
 #include "worker/prepare.hpp"
@@ -31,8 +32,7 @@ constexpr std::size_t kTcpWritePiece = std::size_t{512} << 10;
 std::size_t max_write_piece_of(const Endpoint& endpoint, const Configuration& configuration) {
   const std::size_t max_piece = max_piece_of(endpoint, configuration);
   if (configuration.max_piece_bytes != 0) return max_piece;
-  const std::string& provider = endpoint.describe().provider;
-  const bool tcp = provider == "tcp" || provider.starts_with("tcp;");
+  const bool tcp = endpoint.describe().provider == canonical_provider("tcp");
   return tcp ? std::min(max_piece, kTcpWritePiece) : max_piece;
 }
 }  // namespace
