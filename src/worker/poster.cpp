@@ -9,11 +9,12 @@
 
 namespace dma::internal {
 
-void Poster::post(OpTable& table, bool closed, std::vector<Op*>& ended) {
+void Poster::post(OpTable& table, bool closed, std::vector<Op*>& ended, bool stop_at_read) {
   PendingQueue& pending = table.pending;
   std::size_t turns = pending.size();
   while (turns-- > 0 && !pending.empty() && table.live_in_flight() < cap_) {
     Op* op = pending.front();
+    if (stop_at_read && op->request.direction == Direction::kFromPeer) break;
     pending.pop_front();
     op->queued = false;
     const bool awaits_contact =

@@ -85,7 +85,9 @@ class Poster {
   // was never posted when `closed`, which fails it as kWorkerGone, unless its shm peer still
   // holds our unread connection request) is appended to `ended`, with its error set, for the
   // caller to finish.
-  void post(OpTable& table, bool closed, std::vector<Op*>& ended);
+  // With `stop_at_read`, the pass ends at the first read in the queue (shm copies a read inside
+  // the post: the worker's own time, which must not come before the completions it has).
+  void post(OpTable& table, bool closed, std::vector<Op*>& ended, bool stop_at_read = false);
 
   // After the reap that follows post(): wakes the shm peer of each read posted without a ring
   // that is still in flight (its copy needs the peer's progress after all). Before the ended

@@ -129,7 +129,10 @@ bool Worker::step(bool may_block) {
   if (poll_on && took == quiet_batches_) std::this_thread::yield();
   const std::size_t queued = table_.pending.size();
   post();
+  const std::uint64_t reaped_before = table_.reaped[0] + table_.reaped[1];
   const bool dry = reap();
+  // Room freed by the reap goes to the next queued transfer before the callbacks run (step 3).
+  if (table_.reaped[0] + table_.reaped[1] != reaped_before && !table_.pending.empty()) post(true);
   if (std::optional<std::string> wedged = expiry_.check(table_);
       wedged && !retired_ && !wedge_reported_) {
     // The service opens the new endpoint first and only then retires this one (a
@@ -273,8 +276,8 @@ void Worker::accept(TransferRequest&& request) {
   table_.pending.push_back(op);
 }
 
-void Worker::post() {
-  poster_.post(table_, closed_, ended_);
+void Worker::post(bool again) {
+  poster_.post(table_, closed_, ended_, again && yield_in_spin_);
   finish_ended();
 }
 
