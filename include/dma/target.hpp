@@ -12,7 +12,9 @@
 // so an idle target costs next to nothing (no transfer waits for those polls: on tcp and net
 // the provider's own progress thread moves the bytes, on shm the doorbell below), except within
 // an expect() window, when it polls, yielding, for the kind of transfer announced. A zero interval
-// spins without any syscall, for a target with a core of its own. On shm, where the target's
+// spins without any syscall, for a target with a core of its own; on shm it spins on the
+// doorbell below and polls when it rings (or every 5 us, for initiators that do not ring),
+// since each poll takes a cache line that every post to it needs. On shm, where the target's
 // own progress copies every write and read, it sleeps on a doorbell that our FabricService
 // rings after each post (at most poll_interval, for initiators that do not ring), so a
 // transfer starts at once instead of at the next timed poll (docs/PROVIDERS.md, "shm").
@@ -83,7 +85,7 @@ class DMA_EXPORT Target {
     // sleep that nothing cuts short (a Busy token; on shm a ring of the doorbell) doubles it,
     // up to 10 ms (or poll_interval if longer), so an idle target costs next to nothing.
     // Zero busy-polls: the lowest latency (shm's delivery-complete writes wait on the
-    // target's progress), for a whole core.
+    // target's progress), for a whole core. On shm it polls when our initiators ring.
     std::chrono::microseconds poll_interval{50};
   };
   // Keeps the progress thread polling without pause while it lives: take one before the RPC
