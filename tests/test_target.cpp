@@ -169,6 +169,51 @@ TEST(TargetDoorbell, a_ring_from_our_own_process_wakes_the_target_without_keepin
   target->reset();  // returns only if the destructor's ring woke the hour-long sleep
 }
 
+TEST(TargetDoorbell, a_spinning_shm_target_polls_when_rung_and_not_flat_out) {
+  // If this fails, a target with a core of its own (a zero poll interval) polls shm flat out
+  // again: each poll takes the cache line of the region lock that every post to it needs, and
+  // its initiator's 64 B reads ran at 0.82-0.87 of raw libfabric's instead of 1.4. Or it no
+  // longer polls when rung, and a write to it waits.
+  Target::Options options;
+  options.poll_interval = std::chrono::microseconds(0);
+  auto target = Target::open(loopback("shm"), {}, options);
+  ASSERT_TRUE(target) << target.error().describe();
+  ASSERT_TRUE(polled_at_least(**target, 0, 1)) << "the progress thread never polled";
+  // Unrung it polls every few microseconds; flat out it polled every ~0.1-0.2 us here. One poll
+  // per microsecond is a bound that no load can break (a slower machine polls less).
+  const auto start = std::chrono::steady_clock::now();
+  const std::uint64_t before = (*target)->progress_polls();
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  const std::uint64_t polls = (*target)->progress_polls() - before;
+  const auto elapsed = std::chrono::duration_cast<std::chrono::microseconds>(
+      std::chrono::steady_clock::now() - start);
+  EXPECT_GE(polls, 1u) << "a spinning target stopped polling unrung";
+  EXPECT_LE(polls, static_cast<std::uint64_t>(elapsed.count()))
+      << "an unrung spinning target polled flat out";
+
+  // A write rung by our service lands (the ring starts the target's copy).
+  std::vector<std::byte> memory(4096);
+  auto exposed = (*target)->expose(memory.data(), memory.size());
+  ASSERT_TRUE(exposed) << exposed.error().describe();
+  testing::Collector collector;
+  auto service = testing::start_service(loopback("shm"), collector);
+  ASSERT_NE(nullptr, service);
+  const std::vector<std::byte> value = testing::pattern(memory.size(), 12);
+  for (std::uint64_t round = 0; round < 100; ++round) {
+    TransferRequest write;
+    write.client_id = 1;
+    write.peer_address = testing::address_of((*target)->local_address());
+    write.regions.push_back(exposed->whole());
+    write.context = std::make_unique<testing::Buffer>(value, 1);
+    ASSERT_TRUE(service->submit(std::move(write)));
+    auto done = collector.wait_for(1);  // returns (and takes) what has arrived
+    ASSERT_EQ(1u, done.size());
+    ASSERT_TRUE(done[0].outcome) << done[0].outcome.error().describe();
+  }
+  (*target)->synchronize();
+  EXPECT_EQ(value, memory);
+}
+
 TEST(TargetExpect, an_expected_transfer_its_progress_serves_keeps_it_polling_for_the_window_then_it_sleeps) {
   // If this fails, a client's DMA.GET over shm waits for its target to be woken by the server's
   // write, or its DMA.SET over tcp or net waits for the provider's thread to wake and serve the
