@@ -48,7 +48,10 @@ constexpr std::chrono::microseconds kDoorbellLinger{50};
 constexpr std::chrono::microseconds kIdleInterval{10000};
 // shm with a mark, spinning (a zero poll_interval): the longest the progress thread waits for a
 // ring before it polls anyway, for initiators that do not ring (raw libfabric) and anything
-// else that needs the provider's progress unannounced.
+// else that needs the provider's progress unannounced (shm re-signals its own region when it
+// cannot answer a command yet). 1 us instead: 64 B reads at depth 64 fell back from 1.34-1.40 to
+// 1.01-1.04 of raw libfabric, 1 MiB writes gained 2-5 % (docs/PERFORMANCE.md, "Speed, fifteenth
+// pass").
 constexpr std::chrono::microseconds kUnrungPoll{5};
 
 struct Target::Impl {
@@ -173,20 +176,14 @@ struct Target::Impl {
   // Our initiators ring after each write and every kReadsPerRing reads (poster.hpp); a read
   // that shm copied inside fi_read needs nothing of us but the draining of its notice.
   void spin_until_rung(std::uint32_t rings) {
-    auto deadline = std::chrono::steady_clock::time_point::max();
+    const auto deadline = std::chrono::steady_clock::now() + kUnrungPoll;
     for (std::uint32_t turn = 1;; ++turn) {
       if (mark->rings() != rings || callers.load(std::memory_order_acquire) > 0 ||
           !running.load(std::memory_order_acquire)) {
         return;
       }
-      if (turn % 64 == 0) {  // a clock read every 64 pauses, not every one
-        const auto now = std::chrono::steady_clock::now();
-        if (deadline == std::chrono::steady_clock::time_point::max()) {
-          deadline = now + kUnrungPoll;
-        } else if (now >= deadline) {
-          return;
-        }
-      }
+      // A clock read every 8 pauses, not every one.
+      if (turn % 8 == 0 && std::chrono::steady_clock::now() >= deadline) return;
       spin_pause();
     }
   }
