@@ -436,7 +436,7 @@ void add_fabric_commands(CLI::App& app, int* status) {
   fabric->add_flag("--cold", arguments->options.cold, "cycle through >= 256 MiB so caches are cold");
   fabric->add_option("--bind", arguments->options.bind, "local address for IP providers")->capture_default_str();
   fabric->add_option("--target-poll-us", arguments->target_poll_us,
-                     "targets sleep this long between progress polls (0 busy-polls)")
+                     "targets sleep this long between progress polls (0 spins; ours on shm polls when rung)")
       ->capture_default_str();
   fabric->add_option("--ours-target", arguments->options.ours_target,
                      "what our initiator runs against: ours (dma::Target) or raw (isolates the initiator)")

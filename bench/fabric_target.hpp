@@ -22,7 +22,8 @@ struct TargetOptions {
   std::string bind = "127.0.0.1";
   std::size_t bytes = 0;
   std::uint32_t seed = 1;
-  // Sleep between progress polls; 0 busy-polls (both kinds alike).
+  // Sleep between progress polls; 0 spins (both kinds; ours on shm polls when rung,
+  // docs/PROVIDERS.md, "shm").
   std::chrono::microseconds poll_interval{0};
   int cpu = -1;  // >= 0: the whole process runs on this CPU (dma-bench fabric --pin)
 };
