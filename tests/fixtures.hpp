@@ -18,6 +18,7 @@
 #include "dma/configuration.hpp"
 #include "dma/protocol.hpp"
 #include "dma/service.hpp"
+#include "dma/target.hpp"
 #include "support/owned_bytes.hpp"
 #include "support/pattern.hpp"
 
@@ -116,6 +117,17 @@ inline FabricAddress address_of(std::span<const std::uint8_t> bytes) {
 
 inline Buffer* buffer_of(const std::unique_ptr<Operands>& context) {
   return static_cast<Buffer*>(context.get());
+}
+
+// A write of `value` over the whole of `exposed`, on `target`, from a Buffer tagged `client`.
+inline TransferRequest write_into(const Target& target, const Exposed& exposed,
+                                  std::vector<std::byte> value, std::uint64_t client = 1) {
+  TransferRequest write;
+  write.client_id = client;
+  write.peer_address = address_of(target.local_address());
+  write.regions.push_back(exposed.whole());
+  write.context = std::make_unique<Buffer>(std::move(value), client);
+  return write;
 }
 
 }  // namespace dma::testing

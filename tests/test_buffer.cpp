@@ -257,12 +257,7 @@ TEST_P(BufferTransfers, a_target_exposes_a_buffer_and_a_value_goes_in_and_out_wh
   auto service = testing::start_service(loopback(GetParam()), collector);
   ASSERT_NE(nullptr, service);
   const std::vector<std::byte> value = testing::pattern(length, 29);
-  TransferRequest write;
-  write.client_id = 1;
-  write.peer_address = testing::address_of((*target)->local_address());
-  write.regions.push_back(exposed->whole());
-  write.context = std::make_unique<testing::Buffer>(value, 1);
-  ASSERT_TRUE(service->submit(std::move(write)));
+  ASSERT_TRUE(service->submit(testing::write_into(**target, *exposed, value)));
   auto written = collector.wait_for(1);
   ASSERT_EQ(1u, written.size());
   ASSERT_TRUE(written[0].outcome) << written[0].outcome.error().describe();
