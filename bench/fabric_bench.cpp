@@ -94,7 +94,7 @@ Result<TargetChild> start_target(const FabricOptions& options, const std::string
                            options.provider, "--bind", options.bind, "--bytes",
                            std::to_string(bytes), "--seed", std::to_string(seed), "--poll-us",
                            std::to_string(options.target_poll_interval.count()), "--cpu",
-                           options.pin ? "1" : "-1"}));
+                           options.pin ? "1" : "-1", "--parent", std::to_string(::getpid())}));
   auto wire = process->read_line(kReplyTimeout);
   if (!wire) {
     return fail(wire.error().code(), "the " + kind + " target did not start: " + wire.error().message());
@@ -502,6 +502,7 @@ void add_fabric_commands(CLI::App& app, int* status) {
   target->add_option("--seed", arguments->target.seed);
   target->add_option("--poll-us", arguments->target_poll);
   target->add_option("--cpu", arguments->target.cpu);
+  target->add_option("--parent", arguments->target.parent);
   target->callback([arguments, status] {
     TargetOptions options = arguments->target;
     options.poll_interval = std::chrono::microseconds(std::max<long>(0, arguments->target_poll));

@@ -2,10 +2,12 @@
 
 #include <poll.h>
 #include <rdma/fi_eq.h>
+#include <sys/prctl.h>
 #include <unistd.h>
 
 #include <array>
 #include <cerrno>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
@@ -187,6 +189,13 @@ int run_raw(const TargetOptions& options, const Buffer& buffer) {
 }  // namespace
 
 int run_fabric_target(const TargetOptions& options) {
+  if (options.parent > 0) {
+    // Dies with the benchmark that started it: a benchmark killed while this target was frozen
+    // (SIGSTOP while the other side measures, fabric_bench.cpp) left it stopped for good,
+    // holding its buffer and, on shm, its region in /dev/shm. SIGKILL ends a stopped process.
+    ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (::getppid() != static_cast<pid_t>(options.parent)) return 1;  // it died before that
+  }
   if (options.cpu >= 0) {
     // Before any thread exists, so the progress threads (ours, rxm's, xnet's) inherit it.
     if (Status pinned = support::pin_to_cpu(options.cpu); !pinned) {

@@ -26,6 +26,8 @@ struct TargetOptions {
   // docs/PROVIDERS.md, "shm").
   std::chrono::microseconds poll_interval{0};
   int cpu = -1;  // >= 0: the whole process runs on this CPU (dma-bench fabric --pin)
+  // > 0: the benchmark's pid; the target dies with it (SIGKILL), stopped or not.
+  long parent = 0;
 };
 
 // Runs the target until quit/EOF; returns the process exit status.

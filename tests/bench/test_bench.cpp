@@ -4,7 +4,10 @@
 
 #include <gtest/gtest.h>
 
+#include <signal.h>
+
 #include <cmath>
+#include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <thread>
@@ -116,6 +119,56 @@ TEST(Report, cpu_per_operation_is_the_windows_cpu_over_the_operations_of_each_si
   EXPECT_DOUBLE_EQ(10.0, json.at("cpu_us_per_op").get<double>());
   EXPECT_DOUBLE_EQ(20.0, json.at("client_cpu_us_per_op").get<double>());
   EXPECT_DOUBLE_EQ(15.0, json.at("baseline").at("client_cpu_us_per_op").get<double>());
+}
+
+// The state letter of process `pid` in /proc/<pid>/stat ('T' stopped, 'Z' a zombie), or 0 if
+// it is gone.
+char process_state(pid_t pid) {
+  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+  std::string line;
+  if (!std::getline(stat, line)) return 0;
+  const std::size_t end = line.rfind(')');  // the command may hold spaces and parentheses
+  return end == std::string::npos || end + 2 >= line.size() ? 0 : line[end + 2];
+}
+
+TEST(FabricTarget, a_target_frozen_when_its_benchmark_dies_dies_with_it) {
+  // If this fails, a dma-bench killed while it has the other side's target frozen (SIGSTOP,
+  // while it measures its own side) leaves that target stopped for good, with its buffer and,
+  // on shm, its region (seen: two stopped targets after an interrupted ctest). The stand-in
+  // benchmark is a shell that starts a target naming the shell its parent, prints the target's
+  // pid, and becomes `sleep`; the target's stdin stays open (our pipe), so only the parent's
+  // death can end it.
+  const std::string script = std::string("exec 3<&0; ") + DMA_BINARY_DIR +
+                             "/bin/dma-bench fabric-target --kind raw --provider tcp --bytes 4096"
+                             " --parent $$ <&3 & echo pid $!; exec sleep 600";
+  auto shell = support::ChildProcess::spawn({"/bin/sh", "-c", script});
+  ASSERT_TRUE(shell) << shell.error().describe();
+  pid_t target = 0;
+  bool advertised = false;
+  while (target == 0 || !advertised) {  // the pid line, and the target's advertisement
+    auto line = (*shell)->read_line(std::chrono::seconds(30));
+    ASSERT_TRUE(line) << line.error().describe();
+    if (line->rfind("pid ", 0) == 0) {
+      target = static_cast<pid_t>(std::stol(line->substr(4)));
+    } else {
+      advertised = true;
+    }
+  }
+  ASSERT_EQ(0, ::kill(target, SIGSTOP));
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (process_state(target) != 'T') {
+    ASSERT_LT(std::chrono::steady_clock::now(), deadline) << "the target never stopped";
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  ASSERT_EQ(0, ::kill((*shell)->pid(), SIGKILL));
+  const auto gone_by = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (process_state(target) == 'T') {
+    if (std::chrono::steady_clock::now() > gone_by) {
+      ::kill(target, SIGKILL);
+      FAIL() << "the target outlived its benchmark, stopped";
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
 }
 
 // Runs `dma-bench <mode>` with `arguments` and returns its JSON lines.
