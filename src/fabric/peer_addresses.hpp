@@ -87,6 +87,8 @@ class RegisteredAddress {
     bool contact_answered = false;
     // shm: reads posted since the peer's doorbell last rang (poster.hpp).
     std::uint32_t unrung_reads = 0;
+    // Transfers to this peer in the worker's queue (PendingQueue keeps it).
+    std::size_t queued = 0;
     bool awaits_contact() const noexcept { return contact_requested && !contact_answered; }
   };
   Progress progress;

@@ -87,6 +87,7 @@ class PendingQueue {
   std::size_t size() const noexcept { return size_; }
   Op* front() const noexcept { return head_; }
   void push_back(Op* op) noexcept {
+    counted(*op, 1);
     op->next_pending = nullptr;
     if (tail_ == nullptr) {
       head_ = op;
@@ -97,6 +98,7 @@ class PendingQueue {
     ++size_;
   }
   void push_front(Op* op) noexcept {
+    counted(*op, 1);
     op->next_pending = head_;
     head_ = op;
     if (tail_ == nullptr) tail_ = op;
@@ -104,6 +106,7 @@ class PendingQueue {
   }
   void pop_front() noexcept {
     Op* op = head_;
+    counted(*op, -1);
     head_ = op->next_pending;
     if (head_ == nullptr) tail_ = nullptr;
     op->next_pending = nullptr;
@@ -115,8 +118,17 @@ class PendingQueue {
     while (op != nullptr && position-- > 0) op = op->next_pending;
     return op;
   }
+  // Whether every op queued is for `op`'s peer (its address-vector entry, which transfers to
+  // the same address share); false for an op without one (efa).
+  bool only_for_peer_of(const Op& op) const noexcept {
+    return op.peer_entry && op.peer_entry->progress.queued == size_;
+  }
 
  private:
+  static void counted(const Op& op, int delta) noexcept {
+    if (op.peer_entry) op.peer_entry->progress.queued += static_cast<std::size_t>(delta);
+  }
+
   Op* head_ = nullptr;
   Op* tail_ = nullptr;
   std::size_t size_ = 0;

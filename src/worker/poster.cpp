@@ -120,8 +120,15 @@ void Poster::post(OpTable& table, bool closed, std::vector<Op*>& ended, bool sto
       // EAGAIN: to the back, so other peers get their turn, and no more posting this pass. The
       // provider's queue is full (shm) or this peer is not ready (tcp connecting); either way
       // retrying the rest now only burns calls that fail (measured: thousands per completion
-      // on shm). Reaping comes next and frees room.
-      pending.push_back(op);
+      // on shm). Reaping comes next and frees room. With only this peer's transfers queued it
+      // keeps its place: sent to the back, it came round to the front again at a pass that
+      // found the peer full (shm takes small writes one at a time), and again, while those
+      // behind it went (64 B writes at depth 64: p99 1.0-1.3 ms against raw's 0.2).
+      if (pending.only_for_peer_of(*op)) {
+        pending.push_front(op);
+      } else {
+        pending.push_back(op);
+      }
     } else {
       pending.push_front(op);  // the cap is full: keep its place
     }
