@@ -3,8 +3,10 @@
 // fi_writemsg and fi_read answer -FI_EAGAIN when the provider cannot take the operation now
 // (fi_rma(3)): shm's queue is full, or a tcp/net connection is still being set up. Two failures
 // follow from handling that naively. Retrying at once burns thousands of calls per completion
-// (measured on shm), so an op answered -FI_EAGAIN goes to the back of the queue and posting
-// stops for this pass; reaping comes next and frees room. And a peer that never accepts a
+// (measured on shm), so an op answered -FI_EAGAIN goes to the back of the queue, behind other
+// peers' transfers (among only its own peer's it keeps its place: going behind them gains
+// nothing and starved it), and posting stops for this pass; reaping comes next and frees room.
+// And a peer that never accepts a
 // connection would leave its transfers queued forever, so past the progress deadline of
 // continuous refusals the op fails as unreachable. That clock is the *peer's* (its
 // RegisteredAddress::Progress), not the op's: an op sent to the back of a deep queue otherwise
