@@ -487,6 +487,7 @@ void add_fabric_commands(CLI::App& app, int* status) {
       std::printf("initiator RSS: %.1f MiB before our first window, %.1f MiB after our last "
                   "(includes the latency sample buffers)\n",
                   run->rss_before_bytes / 1048576.0, run->rss_after_bytes / 1048576.0);
+      std::printf("machine: %s\n", describe_machine().c_str());
     }
     std::fflush(stdout);
     if (!clean) std::fprintf(stderr, "dma-bench fabric: errors or mismatches (see the table)\n");

@@ -119,7 +119,8 @@ void add_redis_command(CLI::App& app, int* status) {
     if (a.json) {
       for (const Case& row : rows) std::printf("%s\n", to_json(row).dump().c_str());
     } else {
-      std::printf("%s%s", to_table(rows).c_str(), cpu_lines(rows, "server").c_str());
+      std::printf("%s%smachine: %s\n", to_table(rows).c_str(), cpu_lines(rows, "server").c_str(),
+                  describe_machine().c_str());
     }
     std::fflush(stdout);
     for (const Case& row : rows) {

@@ -1,11 +1,13 @@
 #include "report.hpp"
 
 #include <sys/resource.h>
+#include <sys/utsname.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <fstream>
 #include <limits>
 
 namespace dma::bench {
@@ -321,6 +323,26 @@ Progress::~Progress() {
     std::fprintf(stderr, "\r\033[K");
     std::fflush(stderr);
   }
+}
+
+std::string describe_machine(const std::string& proc) {
+  std::string model = "unknown CPU";
+  std::ifstream cpuinfo(proc + "/cpuinfo");
+  for (std::string line; std::getline(cpuinfo, line);) {
+    if (line.rfind("model name", 0) == 0) {
+      const auto colon = line.find(':');
+      const auto start = colon == std::string::npos ? colon : line.find_first_not_of(' ', colon + 1);
+      if (start != std::string::npos) model = line.substr(start);
+      break;
+    }
+  }
+  utsname name{};
+  const std::string kernel = ::uname(&name) == 0 ? std::string(name.sysname) + " " + name.release
+                                                 : std::string("unknown kernel");
+  std::string congestion;
+  std::ifstream(proc + "/sys/net/ipv4/tcp_congestion_control") >> congestion;
+  return std::to_string(::sysconf(_SC_NPROCESSORS_ONLN)) + " cores, " + model + ", " + kernel +
+         ", TCP congestion control " + (congestion.empty() ? "unknown" : congestion);
 }
 
 double process_cpu_seconds() {

@@ -141,4 +141,11 @@ class Progress {
 // This process's CPU time so far, user + system over all its threads (getrusage(2)).
 double process_cpu_seconds();
 
+// The machine a run measured, for the line above its tables: "2 cores, <CPU model>, Linux
+// <release>, TCP congestion control <name>". The congestion control is the host's
+// (net.ipv4.tcp_congestion_control): over tcp and net it sets how fast the sockets under both
+// sides run, and with it a ratio's spread (docs/PERFORMANCE.md, "Speed, sixteenth pass").
+// `proc` is where /proc is (a test's stand-in); what cannot be read is "unknown".
+std::string describe_machine(const std::string& proc = "/proc");
+
 }  // namespace dma::bench

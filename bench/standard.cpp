@@ -6,8 +6,6 @@
 // and `<!-- bench:end -->` with Markdown tables, the date, the machine and the exact command.
 // A part that fails (a provider missing here) is reported and skipped; the exit status is then 1,
 // as it is for any error or mismatch in the rows.
-#include <sys/utsname.h>
-#include <unistd.h>
 
 #include <CLI/CLI.hpp>
 
@@ -44,29 +42,12 @@ std::string today() {
   return text;
 }
 
-// "2 cores, <CPU model>, Linux <release>".
 // The 1-minute load average (/proc/loadavg), so a reader can tell an idle run from a busy one.
 std::string load_average() {
   std::ifstream loadavg("/proc/loadavg");
   std::string one_minute;
   loadavg >> one_minute;
   return one_minute.empty() ? "unknown" : one_minute;
-}
-
-std::string machine() {
-  std::string model = "unknown CPU";
-  std::ifstream cpuinfo("/proc/cpuinfo");
-  for (std::string line; std::getline(cpuinfo, line);) {
-    if (line.rfind("model name", 0) == 0) {
-      const auto colon = line.find(':');
-      if (colon != std::string::npos) model = line.substr(line.find_first_not_of(' ', colon + 1));
-      break;
-    }
-  }
-  utsname name{};
-  const std::string kernel = ::uname(&name) == 0 ? std::string(name.sysname) + " " + name.release
-                                                 : std::string("unknown kernel");
-  return std::to_string(::sysconf(_SC_NPROCESSORS_ONLN)) + " cores, " + model + ", " + kernel;
 }
 
 // Replaces what lies between the markers in `path` with `section`. Fails, changing nothing, if
@@ -190,7 +171,7 @@ void add_standard_command(CLI::App& app, int* status) {
     }
     std::vector<Case> all = fabric_rows;
     all.insert(all.end(), redis_rows.begin(), redis_rows.end());
-    std::printf("%s", to_table(all).c_str());
+    std::printf("%smachine: %s\n", to_table(all).c_str(), describe_machine().c_str());
     std::fflush(stdout);
     if (!failures.empty() || !clean(all)) *status = 1;
 
@@ -200,7 +181,7 @@ void add_standard_command(CLI::App& app, int* status) {
                   << " --update " << a.update;
     const std::string exact = exact_command.str();
     std::ostringstream section;
-    section << "Measured " << today() << " on " << machine() << ", by `" << exact
+    section << "Measured " << today() << " on " << describe_machine() << ", by `" << exact
             << "` (`make bench`). " << a.duration_s
             << " s per side per case, the two sides alternating in at least five rounds (in the "
                "fabric rows the other side's target frozen meanwhile). Load average before the "
