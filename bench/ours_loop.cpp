@@ -64,6 +64,9 @@ void OursLoop::submit(std::unique_ptr<Operands> operand, std::size_t slot, bool 
 void OursLoop::on_batch(std::span<Completion> batch) {
   const auto now = Clock::now();
   const bool running = running_.load(std::memory_order_acquire);
+  // This batch is the window's last: counted, and nothing more submitted.
+  const bool closing = running && now >= deadline_;
+  if (closing) running_.store(false, std::memory_order_release);
   std::uint64_t done = 0;
   for (Completion& completion : batch) {
     auto* slot = static_cast<Slot*>(completion.context.get());
@@ -75,7 +78,7 @@ void OursLoop::on_batch(std::span<Completion> batch) {
       samples_->record(now - slot->submitted);
       ++done;
     }
-    if (running) {
+    if (running && !closing) {
       const std::size_t next = next_slot_;
       next_slot_ = next + 1 == job_.slots ? 0 : next + 1;
       submit(std::move(completion.context), next, true);
@@ -88,6 +91,12 @@ void OursLoop::on_batch(std::span<Completion> batch) {
   if (done != 0) {
     operations_.fetch_add(done, std::memory_order_relaxed);
     bytes_.fetch_add(done * job_.size, std::memory_order_relaxed);
+  }
+  if (closing) {
+    std::lock_guard lock(mutex_);
+    closed_ = true;
+    ended_ = now;
+    drained_.notify_all();
   }
 }
 
@@ -105,6 +114,7 @@ Result<OursRun> OursLoop::run_window(const OursJob& job, LatencySamples& samples
       spare_.pop_back();
     }
     first_error_.reset();
+    closed_ = false;
   }
   job_ = job;
   samples_ = &samples;
@@ -113,28 +123,35 @@ Result<OursRun> OursLoop::run_window(const OursJob& job, LatencySamples& samples
   operations_.store(0, std::memory_order_relaxed);
   bytes_.store(0, std::memory_order_relaxed);
   errors_.store(0, std::memory_order_relaxed);
-  running_.store(true, std::memory_order_release);
 
   const auto start = Clock::now();
+  deadline_ = start + job.duration;
   const std::uint64_t allocations_before = allocation_count();
   const std::uint64_t eagain_before = service_->counters().eagain;
+  // running_ before the first submit: a completion may come back before the loop below ends.
+  running_.store(true, std::memory_order_release);
   // The completer may run as soon as the first submit lands; it touches only the worker-owned
   // fields, and the initial slots are computed here, not from next_slot_.
   for (std::size_t index = 0; index < job.depth; ++index) {
     submit(std::move(initial[index]), (job.first_slot + index) % job.slots, false);
   }
-  std::this_thread::sleep_until(start + job.duration);
-  running_.store(false, std::memory_order_release);
-  const auto stopped = Clock::now();
+  std::this_thread::sleep_until(deadline_);
   const std::uint64_t allocations_after = allocation_count();
   const std::uint64_t eagain_after = service_->counters().eagain;
 
   OursRun run;
-  run.seconds = std::chrono::duration<double>(stopped - start).count();
   run.allocations = allocations_after - allocations_before;
   run.eagain = eagain_after - eagain_before;
   {
     std::unique_lock lock(mutex_);
+    // The completer ends the window with its next batch. If none comes (every transfer failed
+    // and was handed back, or the peer stalls), it ends here, and the drain below reports why.
+    if (!drained_.wait_for(lock, job.drain_deadline, [&] { return closed_; })) {
+      running_.store(false, std::memory_order_release);
+      closed_ = true;
+      ended_ = Clock::now();
+    }
+    run.seconds = std::chrono::duration<double>(ended_ - start).count();
     const bool drained = drained_.wait_for(lock, job.drain_deadline, [&] {
       return spare_.size() == max_depth_;  // every transfer of this window handed back
     });

@@ -193,7 +193,11 @@ Result<RawRun> run_raw_window(RawEndpoint& endpoint, const RawJob& job, LatencyS
     } else if (count != -FI_EAGAIN) {
       return fail(fabric_error("fi_cq_read", count));
     }
-    if (!stopping && now >= deadline) {
+    // The window ends with the first batch at or after the deadline, counted above (as ours
+    // ends, ours_loop.hpp): ended at an empty poll instead, it could stop mid-wave. If nothing
+    // completes for drain_deadline past it, it ends anyway and the drain below says why.
+    if (!stopping && now >= deadline &&
+        (count != -FI_EAGAIN || now - deadline >= job.drain_deadline)) {
       stopping = true;
       stopped = now;
       run.seconds = std::chrono::duration<double>(now - start).count();
